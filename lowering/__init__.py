@@ -1,0 +1,139 @@
+"""Lowering: a :class:`normc.Plan` -> Numba CUDA kernels -> self-contained PTX for a compute capability.
+
+``lower(plan)`` generates the kernels' Python source (:mod:`normc.lowering.codegen`), compiles each with
+Numba's NVVM backend to PTX, checks the PTX is self-contained (no ``.extern``), and returns
+:class:`LoweredKernel` records with the entry name and launch configuration. ``assemble(ptx)`` turns PTX into
+an sm_XX cubin with nvJitLink and reports registers, spills and stack, without needing a GPU.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import CompileError
+from .codegen import KernelSource, generate
+
+__all__ = ["LoweredKernel", "lower", "assemble", "ResourceUsage", "generate", "KernelSource", "arch_cc"]
+
+
+@dataclass(frozen=True)
+class LoweredKernel:
+    """One compiled kernel.
+
+    Attributes:
+        ptx: PTX text (one ``.visible .entry``, no ``.extern``).
+        entry: the entry's (mangled) name in ``ptx``.
+        grid: CTAs (1-D); block: threads per CTA (1-D); shared_bytes: static shared memory in bytes.
+        params: the 7 pointer parameters' element types (x, out, scale, shift, mean, rstd, workspace).
+        source: the generated Python source the PTX came from.
+    """
+
+    ptx: str
+    entry: str
+    grid: int
+    block: int
+    shared_bytes: int
+    params: tuple
+    source: str
+
+
+def arch_cc(arch) -> tuple:
+    """``"sm_90"`` / ``"90"`` / ``(9, 0)`` -> ``(9, 0)``. Raises :class:`normc.ArgumentError` otherwise."""
+    from ..errors import ArgumentError
+
+    if isinstance(arch, tuple) and len(arch) == 2:
+        return tuple(int(a) for a in arch)
+    m = re.fullmatch(r"(?:sm_|compute_)?(\d)(\d)a?", str(arch).strip())
+    if not m:
+        raise ArgumentError(f"arch is {arch!r}; expected a compute capability such as 'sm_90'")
+    return int(m.group(1)), int(m.group(2))
+
+
+_NS = None
+
+
+def _device_namespace():
+    global _NS
+    if _NS is None:
+        from .device import namespace
+
+        _NS = namespace()
+    return _NS
+
+
+def _signature(ptypes):
+    from numba import types
+
+    m = {"float32": types.float32, "uint16": types.uint16}
+    return tuple(types.CPointer(m[t]) for t in ptypes)
+
+
+def compile_source(ks: KernelSource, cc) -> LoweredKernel:
+    """Compile one generated kernel to PTX for compute capability ``cc``."""
+    from numba.cuda import compile_ptx
+
+    ns = dict(_device_namespace())
+    try:
+        exec(compile(ks.source, f"<normc:{ks.name}>", "exec"), ns)
+        ptx, _ = compile_ptx(ns[ks.name], _signature(ks.pointer_types), cc=cc, fastmath=False,
+                             launch_bounds=(ks.block,))
+    except Exception as e:  # NVVM/Numba typing errors are bugs in the generator: report with the source
+        raise CompileError(f"compiling {ks.name} failed: {e}\n--- source ---\n{ks.source}") from e
+    if ".extern" in ptx:
+        raise CompileError(f"PTX of {ks.name} has unresolved .extern declarations")
+    entries = re.findall(r"\.visible\s+\.entry\s+([\w$]+)\s*\(", ptx)
+    if len(entries) != 1:
+        raise CompileError(f"PTX of {ks.name} has {len(entries)} entries; expected 1")
+    return LoweredKernel(ptx, entries[0], ks.grid, ks.block, ks.shared_bytes, ks.pointer_types, ks.source)
+
+
+def lower(plan, arch=None) -> list:
+    """Compile ``plan`` to a list of :class:`LoweredKernel` (launch order) for ``arch`` (default plan.arch)."""
+    cc = arch_cc(arch or plan.arch)
+    return [compile_source(ks, cc) for ks in generate(plan)]
+
+
+@dataclass(frozen=True)
+class ResourceUsage:
+    """Per-kernel resources reported by ptxas (through nvJitLink): registers per thread, spill bytes, stack."""
+
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack: int
+    log: str
+
+
+def assemble(ptx: str, arch="sm_90"):
+    """Assemble PTX to a cubin with nvJitLink (no GPU needed).
+
+    Returns:
+        (cubin bytes, :class:`ResourceUsage`).
+
+    Raises:
+        CompileError: the PTX does not assemble (the message carries nvJitLink's log).
+    """
+    from cuda.core import Linker, LinkerOptions, ObjectCode
+
+    cc = arch_cc(arch)
+    try:
+        linker = Linker(ObjectCode.from_ptx(ptx.encode()),
+                        options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}", ptxas_options=["-v"]))
+        cubin = linker.link("cubin")
+        log = linker.get_info_log() or ""
+    except Exception as e:
+        raise CompileError(f"assembling PTX for sm_{cc[0]}{cc[1]} failed: {e}") from e
+
+    def grab(pat):
+        m = re.search(pat, log)
+        return int(m.group(1)) if m else 0
+
+    usage = ResourceUsage(
+        registers=grab(r"Used (\d+) registers"),
+        spill_stores=grab(r"(\d+) bytes spill stores"),
+        spill_loads=grab(r"(\d+) bytes spill loads"),
+        stack=grab(r"(\d+) bytes stack frame"),
+        log=log,
+    )
+    return bytes(cubin.code), usage

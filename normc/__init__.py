@@ -1,0 +1,39 @@
+"""normc: a compiler for GPU normalization kernels.
+
+One small spec describes layer norm, RMS norm, instance norm, group norm or batch-norm statistics; normc
+plans a strategy from the array's physical layout, generates Numba CUDA kernels, compiles them to PTX and
+launches them with low overhead on any CUDA array (or on Numba's CUDA simulator without a GPU).
+
+    >>> import normc
+    >>> f = normc.compile(normc.spec("n c h w : norm over h w ; scale c ; shift c"))
+    >>> y = f(x, scale, shift)          # x: a torch/CuPy/Numba CUDA array, or numpy on the simulator
+"""
+
+__version__ = "0.1.0"
+
+from .errors import ArgumentError, CompileError, NormcError, SpecError
+from .spec import Spec, batch_norm_stats, group_norm, instance_norm, layer_norm, rms_norm
+from .spec import spec as _spec_fn
+from .planner import Plan
+
+spec = _spec_fn
+
+
+def compile(spec, *, out_dtype=None, arch=None):  # noqa: A001 - the public name the API promises
+    """Return a callable that normalizes arrays as ``spec`` says; see :class:`normc.runtime.Compiled`."""
+    from .runtime import Compiled
+
+    return Compiled(spec, out_dtype=out_dtype, arch=arch)
+
+
+def plan(spec, shape, dtype="float32", **kw):
+    """Plan ``spec`` for an x of ``shape``; see :func:`normc.api.plan_for`."""
+    from .api import plan_for
+
+    return plan_for(spec, shape, dtype=dtype, **kw)
+
+
+__all__ = [
+    "ArgumentError", "CompileError", "NormcError", "SpecError", "Spec", "Plan", "spec", "compile", "plan",
+    "layer_norm", "rms_norm", "instance_norm", "group_norm", "batch_norm_stats", "__version__",
+]

@@ -1,0 +1,87 @@
+"""Planning entry points shared by the runtime and the CLI (no GPU needed)."""
+
+from __future__ import annotations
+
+import re
+
+from .canonical import dense_like
+from .errors import ArgumentError
+from .planner import DEFAULT_SMS, make_plan
+from .problem import make_problem
+
+
+def layout_strides(spec, shape, layout):
+    """Element strides of a dense array of logical ``shape`` laid out in memory as ``layout``.
+
+    Args:
+        spec: the :class:`normc.Spec`.
+        shape: logical shape (one int per spec dim).
+        layout: the spec's dims outermost-first as they lie in memory, as text (``"n h w c"``; a split dim is
+            written as its group, ``"n h w (g k)"``) or a sequence of dim indices (a permutation, like
+            anchors.json's ``memory_perm``). ``None``: as written in the spec (row-major).
+
+    Raises:
+        ArgumentError: the layout does not name each dim exactly once.
+    """
+    nd = len(spec.dims)
+    if layout is None:
+        perm = list(range(nd))
+    elif isinstance(layout, str):
+        names = ["(" + " ".join(d) + ")" if len(d) > 1 else d[0] for d in spec.dims]
+        toks = re.findall(r"\([^)]*\)|[^\s()]+", layout)
+        toks = ["(" + " ".join(t[1:-1].split()) + ")" if t.startswith("(") else t for t in toks]
+        if sorted(toks) != sorted(names):
+            raise ArgumentError(
+                f"layout {layout!r} must list each dim of the spec once, outermost first; expected a "
+                f"permutation of {' '.join(names)!r}"
+            )
+        perm = [names.index(t) for t in toks]
+    else:
+        perm = [int(i) for i in layout]
+        if sorted(perm) != list(range(nd)):
+            raise ArgumentError(f"layout {layout!r} must be a permutation of 0..{nd - 1}")
+    strides = [0] * nd
+    acc = 1
+    for d in reversed(perm):
+        strides[d] = acc
+        acc *= max(int(shape[d]), 1)
+    return tuple(strides)
+
+
+def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dtype=None, out_strides=None,
+             scale_dtype=None, shift_dtype=None, stats=False, arch="sm_90", sms=DEFAULT_SMS, aligns=None):
+    """Plan ``spec`` for an x of logical ``shape`` (no GPU needed).
+
+    Args:
+        spec: :class:`normc.Spec` (or spec text).
+        shape: logical shape of x.
+        dtype: x's dtype name: ``"float32"``, ``"float16"`` or ``"bfloat16"``.
+        strides: x's element strides (default: from ``layout``).
+        layout: memory order, see :func:`layout_strides` (ignored when ``strides`` is given).
+        out_dtype, out_strides: output dtype and strides (default: x's dtype, dense in x's memory order).
+        scale_dtype, shift_dtype: affine vector dtypes (default: x's).
+        stats: whether mean/rstd are produced.
+        arch: target compute capability, e.g. ``"sm_90"``.
+        sms: multiprocessors assumed when sizing grids.
+        aligns: byte alignment of the base pointers (dict: x, out, scale, shift; default 16).
+
+    Returns:
+        :class:`normc.Plan`.
+    """
+    from .spec import Spec, spec as parse
+
+    if isinstance(spec, str):
+        spec = parse(spec)
+    if not isinstance(spec, Spec):
+        raise ArgumentError(f"spec is {type(spec).__name__}; expected a normc.Spec or spec text")
+    shape = tuple(int(s) for s in shape)
+    if strides is None:
+        strides = layout_strides(spec, shape, layout)
+    if out_strides is None:
+        out_strides = dense_like(shape, strides)
+    prob = make_problem(spec, shape, strides, out_strides, x_dtype=dtype, out_dtype=out_dtype,
+                        scale_dtype=scale_dtype, shift_dtype=shift_dtype, stats=stats, aligns=aligns)
+    from .lowering import arch_cc
+
+    cc = arch_cc(arch)
+    return make_plan(prob, arch=f"sm_{cc[0]}{cc[1]}", sms=sms)

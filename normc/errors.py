@@ -1,0 +1,43 @@
+"""Exceptions raised by normc.
+
+Every error normc raises on purpose derives from :class:`NormcError`, so a caller can catch them all at once.
+"""
+
+
+class NormcError(Exception):
+    """Base class of every error normc raises on purpose."""
+
+
+class SpecError(NormcError, ValueError):
+    """A spec's text or keyword sizes are invalid.
+
+    Attributes:
+        text: the spec text (or ``None`` when the error is not about the text).
+        pos: 0-based character offset of the problem in ``text`` (or ``None``).
+
+    ``str(err)`` gives the message and, when a position is known, the text with a caret under it.
+    """
+
+    def __init__(self, message, text=None, pos=None):
+        self.message = message
+        self.text = text
+        self.pos = pos
+        if text is not None and pos is not None:
+            pos = max(0, min(pos, len(text)))
+            full = f"{message}\n  {text}\n  {' ' * pos}^"
+        elif text is not None:
+            full = f"{message} (in spec {text!r})"
+        else:
+            full = message
+        super().__init__(full)
+
+
+class ArgumentError(NormcError, ValueError):
+    """A call's argument does not fit the spec or normc's requirements (shape, rank, dtype, device, size).
+
+    The message names the argument and what was expected.
+    """
+
+
+class CompileError(NormcError, RuntimeError):
+    """Lowering a plan to PTX, or PTX to a loadable module, failed."""

@@ -1,0 +1,426 @@
+"""The planner: canonical problem -> strategy, schedule and tiling, as a frozen, printable :class:`Plan`.
+
+Decision tree (``docs/planner.md`` explains it at length; the constants below carry their reasons):
+
+* **strategy** from the innermost canonical axis (the one with the smallest x stride):
+    - ``inner``: it is a reduction axis (layer/RMS norm, NCHW instance/group norm, NCHW batch statistics).
+      Lanes run along the reduction; a row (one kept index) is owned by ``tpr`` threads.
+    - ``outer``: it is a kept axis (NHWC instance norm, NHWC batch statistics). Lanes run along the
+      contiguous kept axis ("columns"), rows of the reduction over y-threads and a serial loop, then a
+      cross-row combine in shared memory.
+    - ``mixed``: it is a *short* reduction axis (under ``MIXED_MAX_RUN_BYTES``) sitting inside a contiguous
+      kept axis, with more reduction axes outside (NHWC group norm ``n h w (g k)``). The contiguous
+      ``(g k)`` block is treated as columns as in ``outer``, then columns of one group are merged.
+* **schedule**:
+    - ``persistent``: every value of a reduction is held in registers by the threads that own it: x is read
+      once (two-pass mean/variance from registers, then normalize).
+    - ``looped``: one CTA (or sub-warp) per reduction, Welford over a loop, then a second pass that re-reads x
+      (mostly from L2).
+    - ``split``: too few reductions to fill the GPU: each reduction is spread over ``splits`` CTAs; kernel 1
+      writes partial Welford statistics to a float32 workspace, kernel 2 merges them (Chan) and normalizes.
+* **tiling**: vector width from alignment and extents (never from the dtype alone), threads per row,
+  rows per CTA, values per thread.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+from .canonical import Axis
+
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+# 16-byte vectors are the widest global load/store (LDG.128); they maximize bytes per instruction
+# (HOPPER.md, "16-byte accesses per thread").
+MAX_VECTOR_BYTES = 16
+# Values a thread may hold in registers for a persistent schedule: 32 float32 registers of data leaves
+# room for addressing and statistics under 64 registers/thread, which still allows 1024-thread CTAs
+# (64K registers per SM). nvFuser caps its persistent buffer at about half the register file for the same
+# reason (design/anchors.md).
+MAX_VALUES_PER_THREAD = 32
+# CTA size for inner schedules with several rows per CTA and for outer schedules: 256 threads (8 warps)
+# balances occupancy and per-CTA combine cost; nvFuser's outer persistent grid uses 256-thread CTAs
+# (design/anchors.md), and odd sizes such as 400 are what made Fuser#443 slow.
+CTA_THREADS = 256
+# Largest CTA for a persistent row: 1024 threads would cap registers at 64/thread (64K per SM).
+MAX_PERSISTENT_THREADS = 512
+# A looped/split CTA streams its reduction with 512 threads: 4 such CTAs fill an SM (2048 threads).
+STREAM_THREADS = 512
+# Vectors loaded before any is used in looped schedules (memory-level parallelism: several independent
+# loads in flight per thread, PyTorch's channels-last batch norm uses 4).
+LOOP_UNROLL = 4
+# A reduction run shorter than this many bytes is too short to coalesce along: prefer the mixed strategy.
+# One warp access should touch >= 128 contiguous bytes (quack coalescing notes, design/anchors.md); with
+# 16-byte vectors a 256-byte run feeds 16 lanes.
+MIXED_MAX_RUN_BYTES = 256
+# Split a reduction over CTAs when fewer than this many waves of CTAs would run otherwise.
+MIN_WAVES = 2
+# Streaming CTAs per SM that the split schedule aims for (4 x 512 threads = one full SM).
+SPLIT_CTAS_PER_SM = 4
+# Default multiprocessor count when planning without a GPU: H100/H200 SXM have 132 SMs.
+DEFAULT_SMS = 132
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A complete, device-independent description of the kernels for one problem.
+
+    Plain data: printable (``str``), JSON-serializable (:meth:`to_json`), hashable; the lowering turns it
+    into PTX without consulting anything else.
+
+    Attributes:
+        strategy: ``"inner"``, ``"outer"`` or ``"mixed"`` (see the module docstring).
+        schedule: ``"persistent"``, ``"looped"`` or ``"split"``.
+        axes: canonical axes, outermost-first (:mod:`normc.canonical`).
+        stat: ``"norm"`` (mean and biased variance) or ``"rms"`` (mean square).
+        eps: added to the variance (or mean square) before rsqrt.
+        x_dtype, out_dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"``.
+        scale_dtype, shift_dtype: dtype of the affine vectors, or ``None`` when the step is absent.
+        stats: whether float32 mean and rstd are written (one per kept index).
+        vec: elements per vector access of x/out (1, 2, 4, 8; vec * itemsize <= 16 bytes).
+        scale_vec, shift_vec: whether the affine vectors are read with ``vec``-wide accesses too.
+        threads: threads per CTA.
+        tpr: inner: threads per row (a power of two; < 32 means several rows per warp).
+        rows_per_cta: inner: rows handled by one CTA.
+        nxc: outer/mixed: threads along the column tile; ``ry`` threads along rows.
+        ry: outer/mixed: rows processed in parallel by one CTA.
+        tile: outer/mixed: columns per CTA tile (``nxc * vec``).
+        group: mixed: columns per kept group (the short reduced axis' extent); 1 for outer.
+        per_thread: persistent: vectors held per thread; looped/split: vectors loaded per loop trip.
+        splits: CTAs per reduction (split schedule), else 1.
+        grid: CTAs of the (each) kernel.
+        kept, reduced: number of kept indices (reductions) and elements per reduction.
+        arch: compute capability the plan was made for, e.g. ``"sm_90"``.
+        sms: multiprocessor count assumed.
+        why: human-readable reasons for each decision.
+    """
+
+    strategy: str
+    schedule: str
+    axes: tuple
+    stat: str
+    eps: float
+    x_dtype: str
+    out_dtype: str
+    scale_dtype: str | None
+    shift_dtype: str | None
+    stats: bool
+    vec: int
+    scale_vec: bool
+    shift_vec: bool
+    threads: int
+    tpr: int
+    rows_per_cta: int
+    nxc: int
+    ry: int
+    tile: int
+    group: int
+    per_thread: int
+    splits: int
+    grid: int
+    kept: int
+    reduced: int
+    arch: str
+    sms: int
+    why: tuple = field(default=(), compare=False)
+
+    @property
+    def workspace_floats(self) -> int:
+        """float32 elements of scratch the split schedule needs (0 otherwise)."""
+        if self.schedule != "split":
+            return 0
+        if self.strategy == "inner":
+            return 3 * self.kept * self.splits
+        cols = self.grid // self.splits * self.tile  # (kept-outer x tiles) x tile columns
+        return 3 * cols * self.splits
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["axes"] = [asdict(a) for a in self.axes]
+        d["why"] = list(self.why)
+        return d
+
+    def to_json(self) -> str:
+        """JSON text of the plan (round-trips through :meth:`from_json`)."""
+        return json.dumps(self.to_dict(), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        d = json.loads(text)
+        d["axes"] = tuple(Axis(**a) for a in d["axes"])
+        d["why"] = tuple(d["why"])
+        return cls(**d)
+
+    def describe(self) -> str:
+        """A multi-line human summary: strategy, tiling, launch, and why."""
+        ax = " ".join(
+            f"[{a.size}{'R' if a.reduced else 'K'} x:{a.x}]" for a in self.axes
+        )
+        lines = [
+            f"strategy: {self.strategy} / {self.schedule}",
+            f"problem:  {self.kept} reductions x {self.reduced} elements, {self.x_dtype} -> {self.out_dtype}, stat={self.stat}",
+            f"axes:     {ax}  (outermost first; R reduced, K kept; x: element stride)",
+        ]
+        if self.strategy == "inner":
+            lines.append(
+                f"tiling:   vec={self.vec} threads/row={self.tpr} rows/CTA={self.rows_per_cta} "
+                f"vectors/thread={self.per_thread} splits={self.splits}"
+            )
+        else:
+            lines.append(
+                f"tiling:   vec={self.vec} column tile={self.tile} (x-threads={self.nxc}, y-threads={self.ry}) "
+                f"group={self.group} vectors/thread={self.per_thread} splits={self.splits}"
+            )
+        nk = 2 if self.schedule == "split" else 1
+        lines.append(f"launch:   {nk} kernel(s), grid={self.grid} block={self.threads} arch={self.arch}")
+        lines.extend(f"why:      {w}" for w in self.why)
+        return "\n".join(lines)
+
+    __str__ = describe
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _align_of(addr_align: int) -> int:
+    return min(addr_align, MAX_VECTOR_BYTES)
+
+
+def pick_vec(axes, run_size, dtype_bytes, aligns, tensors=("x", "out"), inner_index=-1):
+    """Largest vector width (elements) usable for ``tensors`` along the innermost contiguous run.
+
+    The run (``run_size`` contiguous elements at stride 1) must be a multiple of the width, every other
+    axis' stride must be a multiple of it (so each vector starts aligned), and each base pointer must be
+    aligned to ``width * itemsize`` bytes. ``aligns`` maps tensor -> byte alignment of its base pointer;
+    ``dtype_bytes`` maps tensor -> itemsize.
+    """
+    best = 1
+    v = 2
+    while True:
+        ok = run_size % v == 0
+        for t in tensors:
+            if not ok:
+                break
+            if v * dtype_bytes[t] > MAX_VECTOR_BYTES or aligns[t] % (v * dtype_bytes[t]) != 0:
+                ok = False
+            for i, a in enumerate(axes):
+                if i == (inner_index % len(axes)):
+                    continue
+                if a.stride(t) % v != 0:
+                    ok = False
+        if not ok:
+            return best
+        best = v
+        v *= 2
+
+
+def make_plan(problem, *, arch="sm_90", sms=DEFAULT_SMS) -> Plan:
+    """Choose strategy, schedule and tiling for a canonical problem.
+
+    Args:
+        problem: a :class:`normc.canonical.Problem`-like object (see :func:`normc.api.make_problem`).
+        arch: target, e.g. ``"sm_90"``.
+        sms: number of multiprocessors (132 on the H200) used to size grids.
+
+    Returns:
+        :class:`Plan`.
+    """
+    p = problem
+    axes = p.axes
+    why = []
+    isz = ITEMSIZE[p.x_dtype]
+    osz = ITEMSIZE[p.out_dtype]
+    inner = axes[-1]
+    unit = inner.x == 1 and inner.out == 1
+
+    strategy = "inner" if inner.reduced else "outer"
+    if inner.reduced and unit and len(axes) >= 3:
+        nxt = axes[-2]
+        has_rows_outside = any(a.reduced for a in axes[:-2])
+        run_bytes = inner.size * isz
+        if (
+            not nxt.reduced
+            and nxt.x == inner.size
+            and nxt.out == inner.size
+            and has_rows_outside
+            and run_bytes < MIXED_MAX_RUN_BYTES
+            and nxt.size * inner.size <= 8 * 1024
+        ):
+            strategy = "mixed"
+            why.append(
+                f"innermost reduction run is {run_bytes} B (< {MIXED_MAX_RUN_BYTES} B) inside a contiguous kept axis "
+                f"of {nxt.size}: lanes go along the whole ({nxt.size} x {inner.size}) block, groups merged after"
+            )
+    if strategy == "inner":
+        why.append("innermost axis is reduced: lanes along the reduction (inner)")
+    elif strategy == "outer":
+        why.append("innermost axis is kept: lanes along the kept axis, rows over y-threads (outer)")
+    if not unit:
+        why.append("innermost stride is not 1 for x or out: scalar accesses (vec=1)")
+
+    common = dict(
+        axes=axes, stat=p.stat, eps=p.eps, x_dtype=p.x_dtype, out_dtype=p.out_dtype,
+        scale_dtype=p.scale_dtype, shift_dtype=p.shift_dtype, stats=p.stats,
+        kept=p.kept, reduced=p.reduced, arch=arch, sms=sms,
+    )
+    dbytes = {"x": isz, "out": osz,
+              "scale": ITEMSIZE.get(p.scale_dtype or "float32"), "shift": ITEMSIZE.get(p.shift_dtype or "float32")}
+
+    if strategy == "inner":
+        return _plan_inner(p, common, dbytes, unit, why)
+    return _plan_outer(p, common, dbytes, unit, strategy, why)
+
+
+def _param_vec(p, axes, vec, dbytes, which, block):
+    """Whether the scale/shift vector can be read with ``vec``-wide accesses along the vectorized run."""
+    dt = getattr(p, f"{which}_dtype")
+    if dt is None or vec == 1:
+        return False
+    if sum(a.stride(which) for a in block) == 0:
+        return False  # broadcast along the run: one scalar per vector
+    run_unit = block[-1].stride(which) == 1 and all(
+        block[i].stride(which) == block[i + 1].stride(which) * block[i + 1].size for i in range(len(block) - 1)
+    )
+    if not run_unit:
+        return False
+    others = [a for a in axes if a not in block]
+    return (
+        vec * dbytes[which] <= MAX_VECTOR_BYTES
+        and p.align[which] % (vec * dbytes[which]) == 0
+        and all(a.stride(which) % vec == 0 for a in others)
+    )
+
+
+def schedule_try_wide(tpr, per, vec):
+    """Whether a 512-thread row may hold up to 2 x MAX_VALUES_PER_THREAD values (launch bounds cap it at
+    128 registers/thread, enough for 64 float32 values plus addressing)."""
+    return tpr == MAX_PERSISTENT_THREADS
+
+
+def _plan_inner(p, common, dbytes, unit, why):
+    axes = p.axes
+    inner = axes[-1]
+    vec = pick_vec(axes, inner.size, dbytes, p.align) if unit else 1
+    if vec > 1:
+        why.append(f"vec={vec}: {vec * dbytes['x']} B accesses (run {inner.size}, pointers and strides aligned)")
+    nc = p.reduced // vec  # vectors per row
+    K = p.kept
+    sms = common["sms"]
+    if nc <= 32:
+        tpr = _next_pow2(nc)
+        per = 1
+        schedule = "persistent"
+        why.append(f"short rows ({nc} vectors): {tpr} threads per row, one vector each, rows share warps")
+    else:
+        schedule = None
+        for tpr in (32, 64, 128, 256, 512, 512):
+            per = -(-nc // tpr)
+            # the second 512 pass admits twice the values: 512 threads x 128 registers still fit an SM
+            limit = MAX_VALUES_PER_THREAD * (2 if schedule_try_wide(tpr, per, vec) else 1)
+            if per * vec <= limit:
+                schedule = "persistent"
+                why.append(
+                    f"row of {p.reduced} fits in registers: {tpr} threads x {per} vectors x {vec} "
+                    f"(<= {MAX_VALUES_PER_THREAD} values/thread): x read once"
+                )
+                break
+        if schedule is None:
+            tpr = STREAM_THREADS
+            per = LOOP_UNROLL
+            if K >= MIN_WAVES * sms:
+                schedule = "looped"
+                why.append(
+                    f"row of {p.reduced} exceeds the registers of a {MAX_PERSISTENT_THREADS}-thread CTA; "
+                    f"{K} rows >= {MIN_WAVES} x {sms} SMs: one CTA per row, Welford loop then re-read"
+                )
+            else:
+                schedule = "split"
+                why.append(
+                    f"only {K} rows (< {MIN_WAVES} x {sms} SMs) of {p.reduced}: split each row over CTAs, "
+                    f"partial Welford to a workspace, merge and normalize in a second kernel"
+                )
+    if schedule == "split":
+        want = -(-SPLIT_CTAS_PER_SM * sms // K)
+        max_splits = max(1, nc // (tpr * LOOP_UNROLL))
+        splits = max(1, min(want, max_splits))
+        threads, rpc = tpr, 1
+        grid = K * splits
+    else:
+        splits = 1
+        if tpr >= CTA_THREADS:
+            threads, rpc = tpr, 1
+        else:
+            rpc = CTA_THREADS // tpr
+            threads = CTA_THREADS
+        grid = -(-K // rpc)
+    blk = [axes[-1]]
+    return Plan(
+        strategy="inner", schedule=schedule, vec=vec,
+        scale_vec=_param_vec(p, axes, vec, dbytes, "scale", blk),
+        shift_vec=_param_vec(p, axes, vec, dbytes, "shift", blk),
+        threads=threads, tpr=tpr, rows_per_cta=rpc, nxc=0, ry=0, tile=0, group=1,
+        per_thread=per, splits=splits, grid=grid, why=tuple(why), **common,
+    )
+
+
+def _plan_outer(p, common, dbytes, unit, strategy, why):
+    axes = p.axes
+    sms = common["sms"]
+    block = list(axes[-2:]) if strategy == "mixed" else [axes[-1]]
+    cb = math.prod(a.size for a in block)
+    group = block[-1].size if strategy == "mixed" else 1
+    rows = math.prod(a.size for a in axes if a.reduced and a not in block)
+    kept_outer = math.prod(a.size for a in axes if not a.reduced and a not in block)
+    # The block is one contiguous run of cb elements; only the strides of axes outside it matter for
+    # vector alignment (the kept part of a mixed block steps by the run length inside the block).
+    outside = [a for a in axes if a not in block] + [block[-1]]
+    vec = pick_vec(outside, cb, dbytes, p.align) if unit else 1
+    if vec > 1:
+        why.append(f"vec={vec}: {vec * dbytes['x']} B accesses along the {cb}-column contiguous block")
+    ncv = cb // vec
+    if strategy == "mixed":
+        nxc = ncv
+        threads = max(CTA_THREADS, -(-nxc // 32) * 32)
+        tile = cb
+    else:
+        # One warp covers up to 32 vectors of a row (512 B at 16 B/vector); narrower blocks let lanes wrap
+        # onto the next rows, which are contiguous when the block is the whole row.
+        nxc = min(ncv, 32)
+        threads = CTA_THREADS
+        tile = nxc * vec
+    ry = threads // nxc
+    ntiles = -(-cb // tile)
+    base = kept_outer * ntiles
+    per_persist = -(-rows // ry)
+    if per_persist * vec <= MAX_VALUES_PER_THREAD and base >= 1:
+        schedule, splits, per = "persistent", 1, per_persist
+        why.append(
+            f"{rows} rows over {ry} y-threads: {per} vectors x {vec} per thread fit in registers: x read once"
+        )
+    elif base >= MIN_WAVES * sms:
+        schedule, splits, per = "looped", 1, LOOP_UNROLL
+        why.append(f"{base} CTAs >= {MIN_WAVES} x {sms} SMs: one CTA per column tile, Welford loop, re-read")
+    else:
+        want = -(-SPLIT_CTAS_PER_SM * sms * STREAM_THREADS // (threads * base))
+        max_splits = max(1, rows // (ry * LOOP_UNROLL))
+        splits = max(1, min(want, max_splits))
+        schedule, per = ("split" if splits > 1 else "looped"), LOOP_UNROLL
+        why.append(
+            f"only {base} column tiles for {rows} rows each: split rows over {splits} CTAs, partial Welford "
+            f"to a workspace, merge and normalize in a second kernel"
+            if splits > 1 else f"{base} column tiles, rows too few to split: Welford loop, re-read"
+        )
+    return Plan(
+        strategy=strategy, schedule=schedule, vec=vec,
+        scale_vec=_param_vec(p, axes, vec, dbytes, "scale", block),
+        shift_vec=_param_vec(p, axes, vec, dbytes, "shift", block),
+        threads=threads, tpr=0, rows_per_cta=0, nxc=nxc, ry=ry, tile=tile, group=group,
+        per_thread=per, splits=splits, grid=base * splits, why=tuple(why), **common,
+    )
