@@ -54,6 +54,8 @@ class _Src:
         self.lines = []
         self.ind = 0
         self.tmp = 0
+        self.decls = []  # shared-memory declarations, hoisted to the top of the kernel body
+        self.decl_at = None
 
     def __call__(self, text):
         for ln in text.split("\n"):
@@ -67,8 +69,17 @@ class _Src:
         self(head)
         return _Indent(self)
 
+    def mark_decls(self):
+        """Shared arrays declared later are placed here (every thread must see them)."""
+        self.decl_at = len(self.lines)
+        self.decl_ind = self.ind
+
     def text(self):
-        return "\n".join(self.lines) + "\n"
+        lines = list(self.lines)
+        if self.decls:
+            pad = "    " * self.decl_ind
+            lines[self.decl_at:self.decl_at] = [pad + d for d in self.decls]
+        return "\n".join(lines) + "\n"
 
 
 class _Indent:
@@ -146,7 +157,7 @@ class _Kernel:
                 _ptr_type(p.shift_dtype), "float32", "float32", "float32")
 
     def smem(self, g, name, n):
-        g(f"{name} = cuda.shared.array({n}, F32T)")
+        g.decls.append(f"{name} = cuda.shared.array({n}, F32T)")
         self.shared += 4 * n
 
     def load_x(self, g, names, off, ok):
@@ -354,6 +365,7 @@ class _Inner(_Kernel):
         g.ind += 1
         g("tid = I64(cuda.threadIdx.x)")
         g("bid = I64(cuda.blockIdx.x)")
+        g.mark_decls()
 
     def persistent(self):
         p, V, TPR, NC, E = self.p, self.V, self.TPR, self.NC, self.p.per_thread
@@ -596,6 +608,7 @@ class _Outer(_Kernel):
         g.ind += 1
         g("tid = I64(cuda.threadIdx.x)")
         g("bid = I64(cuda.blockIdx.x)")
+        g.mark_decls()
         g(f"cx = tid % {p.nxc}")
         g(f"ry = tid // {p.nxc}")
         g(f"act = ry < {p.ry}")

@@ -19,11 +19,11 @@ from .planner import Plan
 spec = _spec_fn
 
 
-def compile(spec, *, out_dtype=None, arch=None):  # noqa: A001 - the public name the API promises
+def compile(spec, *, out_dtype=None, arch=None, schedule=None):  # noqa: A001 - the API's promised name
     """Return a callable that normalizes arrays as ``spec`` says; see :class:`normc.runtime.Compiled`."""
     from .runtime import Compiled
 
-    return Compiled(spec, out_dtype=out_dtype, arch=arch)
+    return Compiled(spec, out_dtype=out_dtype, arch=arch, schedule=schedule)
 
 
 def plan(spec, shape, dtype="float32", **kw):

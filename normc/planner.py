@@ -221,13 +221,15 @@ def pick_vec(axes, run_size, dtype_bytes, aligns, tensors=("x", "out"), inner_in
         v *= 2
 
 
-def make_plan(problem, *, arch="sm_90", sms=DEFAULT_SMS) -> Plan:
+def make_plan(problem, *, arch="sm_90", sms=DEFAULT_SMS, schedule=None) -> Plan:
     """Choose strategy, schedule and tiling for a canonical problem.
 
     Args:
         problem: a :class:`normc.canonical.Problem`-like object (see :func:`normc.api.make_problem`).
         arch: target, e.g. ``"sm_90"``.
         sms: number of multiprocessors (132 on the H200) used to size grids.
+        schedule: force ``"looped"`` or ``"split"`` instead of the heuristic's choice (for tests and
+            autotuning candidates); ``"persistent"`` is honoured only where the values fit in registers.
 
     Returns:
         :class:`Plan`.
@@ -274,8 +276,8 @@ def make_plan(problem, *, arch="sm_90", sms=DEFAULT_SMS) -> Plan:
               "scale": ITEMSIZE.get(p.scale_dtype or "float32"), "shift": ITEMSIZE.get(p.shift_dtype or "float32")}
 
     if strategy == "inner":
-        return _plan_inner(p, common, dbytes, unit, why)
-    return _plan_outer(p, common, dbytes, unit, strategy, why)
+        return _plan_inner(p, common, dbytes, unit, why, schedule)
+    return _plan_outer(p, common, dbytes, unit, strategy, why, schedule)
 
 
 def _param_vec(p, axes, vec, dbytes, which, block):
@@ -304,7 +306,7 @@ def schedule_try_wide(tpr, per, vec):
     return tpr == MAX_PERSISTENT_THREADS
 
 
-def _plan_inner(p, common, dbytes, unit, why):
+def _plan_inner(p, common, dbytes, unit, why, force=None):
     axes = p.axes
     inner = axes[-1]
     vec = pick_vec(axes, inner.size, dbytes, p.align) if unit else 1
@@ -346,10 +348,15 @@ def _plan_inner(p, common, dbytes, unit, why):
                     f"only {K} rows (< {MIN_WAVES} x {sms} SMs) of {p.reduced}: split each row over CTAs, "
                     f"partial Welford to a workspace, merge and normalize in a second kernel"
                 )
+    if force in ("looped", "split") and force != schedule:
+        schedule, tpr, per = force, STREAM_THREADS, LOOP_UNROLL
+        why.append(f"schedule forced to {force}")
     if schedule == "split":
         want = -(-SPLIT_CTAS_PER_SM * sms // K)
         max_splits = max(1, nc // (tpr * LOOP_UNROLL))
         splits = max(1, min(want, max_splits))
+        if force == "split":
+            splits = max(2, min(want, max_splits))
         threads, rpc = tpr, 1
         grid = K * splits
     else:
@@ -370,7 +377,7 @@ def _plan_inner(p, common, dbytes, unit, why):
     )
 
 
-def _plan_outer(p, common, dbytes, unit, strategy, why):
+def _plan_outer(p, common, dbytes, unit, strategy, why, force=None):
     axes = p.axes
     sms = common["sms"]
     block = list(axes[-2:]) if strategy == "mixed" else [axes[-1]]
@@ -399,7 +406,14 @@ def _plan_outer(p, common, dbytes, unit, strategy, why):
     ntiles = -(-cb // tile)
     base = kept_outer * ntiles
     per_persist = -(-rows // ry)
-    if per_persist * vec <= MAX_VALUES_PER_THREAD and base >= 1:
+    if force == "looped":
+        schedule, splits, per = "looped", 1, LOOP_UNROLL
+        why.append("schedule forced to looped")
+    elif force == "split":
+        splits = max(2, min(-(-rows // ry), 4))
+        schedule, per = "split", LOOP_UNROLL
+        why.append(f"schedule forced to split ({splits} CTAs per column tile)")
+    elif per_persist * vec <= MAX_VALUES_PER_THREAD and base >= 1:
         schedule, splits, per = "persistent", 1, per_persist
         why.append(
             f"{rows} rows over {ry} y-threads: {per} vectors x {vec} per thread fit in registers: x read once"

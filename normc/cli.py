@@ -1,0 +1,248 @@
+"""The ``normc`` command line: plan a spec for a shape, or print the PTX of its kernels (no GPU needed).
+
+    normc plan "n c h w : norm over h w ; scale c ; shift c" --shape 256,128,28,28 --layout "n h w c" --dtype float16
+    normc ptx  "t d : rms over d ; scale d" --shape 16384,4096 --dtype bfloat16 --eps 1e-6 -o rms.ptx
+
+Every error normc raises on purpose (:class:`normc.NormcError`) and every bad argument value is reported as
+one line, ``normc: error: <message>``, on stderr with exit status 2 (argparse's usage errors also exit 2).
+See ``docs/cli.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+from . import __version__
+from .errors import NormcError, SpecError
+
+# Accepted spellings of the three dtypes.
+_DTYPES = {
+    "float32": "float32", "f32": "float32", "fp32": "float32", "float": "float32",
+    "float16": "float16", "f16": "float16", "fp16": "float16", "half": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+}
+
+_EXAMPLES = """\
+examples:
+  # NHWC instance norm, fp16: how normc plans it, and the PTX of its kernels
+  normc plan "n c h w : norm over h w ; scale c ; shift c" --shape 256,128,28,28 --layout "n h w c" --dtype float16
+  normc ptx  "n c h w : norm over h w ; scale c ; shift c" --shape 256,128,28,28 --layout "n h w c" --dtype float16 -o in.ptx
+
+  # group norm, channels-last, 32 groups
+  normc plan "n (g k) h w : norm over k h w ; scale g k ; shift g k" --size g=32 --shape 8,320,64,64 --layout "n h w (g k)" --dtype float16
+
+  # RMS norm, bf16, plan as JSON
+  normc plan "t d : rms over d ; scale d" --eps 1e-6 --shape 16384,4096 --dtype bfloat16 --json
+
+Planning and PTX generation need no GPU. Documentation: docs/cli.md, docs/dsl.md, docs/planner.md.
+"""
+
+_COMMON_EPILOG = """\
+SPEC is the normc DSL (docs/dsl.md), e.g. "t d : norm over d ; scale d ; shift d".
+--shape is the logical shape, one extent per spec dim in the order the spec writes them (a split dim such
+as (g k) counts once). --layout lists the same dims outermost-first as they lie in memory (the last is
+contiguous), e.g. "n h w c" or "n h w (g k)"; by default the array is row-major as written.
+"""
+
+
+class _UsageError(Exception):
+    """A bad argument value found after argparse (reported like a NormcError)."""
+
+
+def _parse_shape(text: str) -> tuple:
+    parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
+    if not parts:
+        raise _UsageError(f"--shape {text!r} is empty; expected comma-separated extents, e.g. 256,128,28,28")
+    shape = []
+    for p in parts:
+        if not re.fullmatch(r"\d+", p):
+            raise _UsageError(f"--shape {text!r}: {p!r} is not a non-negative integer; expected e.g. 256,128,28,28")
+        shape.append(int(p))
+    return tuple(shape)
+
+
+def _parse_sizes(items) -> dict:
+    sizes = {}
+    for item in items or ():
+        for piece in (s for s in item.split(",") if s.strip()):
+            name, eq, value = piece.partition("=")
+            name, value = name.strip(), value.strip()
+            if not eq or not name or not re.fullmatch(r"\d+", value):
+                raise _UsageError(f"--size {piece!r}: expected NAME=INT, e.g. g=32")
+            if name in sizes:
+                raise _UsageError(f"--size {name}= given twice")
+            sizes[name] = int(value)
+    return sizes
+
+
+def _parse_eps(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise _UsageError(f"--eps {text!r} is not a number; expected e.g. 1e-5") from None
+
+
+def _parse_dtype(text, flag):
+    if text is None:
+        return None
+    dt = _DTYPES.get(text.strip().lower())
+    if dt is None:
+        raise _UsageError(f"{flag} {text!r}: expected float32, float16 or bfloat16")
+    return dt
+
+
+def _plan_from_args(args):
+    from .api import plan_for
+    from .spec import spec as parse_spec
+
+    shape = _parse_shape(args.shape)
+    sizes = _parse_sizes(args.size)
+    eps = _parse_eps(args.eps)
+    dtype = _parse_dtype(args.dtype, "--dtype")
+    out_dtype = _parse_dtype(args.out_dtype, "--out-dtype")
+    sp = parse_spec(args.spec, eps=eps, **sizes)
+    sp.axis_sizes(shape)  # rank and split-extent checks, with their messages, before the layout is read
+    return plan_for(sp, shape, dtype, layout=args.layout, out_dtype=out_dtype, stats=args.stats, arch=args.arch)
+
+
+def _emit(text: str, path):
+    if path is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        try:
+            with open(path, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise _UsageError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def ptx_text(kernels) -> str:
+    """The ``normc ptx`` output for a list of :class:`normc.lowering.LoweredKernel`: each module after a
+    ``// normc kernel i/n: ...`` header line, in launch order."""
+    out = []
+    n = len(kernels)
+    for i, k in enumerate(kernels, 1):
+        out.append(
+            f"// normc kernel {i}/{n}: entry={k.entry}, grid={k.grid}, block={k.block}, "
+            f"shared={k.shared_bytes} bytes\n"
+        )
+        out.append(k.ptx if k.ptx.endswith("\n") else k.ptx + "\n")
+    return "".join(out)
+
+
+def _cmd_plan(args) -> int:
+    plan = _plan_from_args(args)
+    text = plan.to_json() if args.json else plan.describe()
+    _emit(text + "\n", args.output)
+    return 0
+
+
+def _cmd_ptx(args) -> int:
+    from .lowering import lower
+
+    plan = _plan_from_args(args)
+    _emit(ptx_text(lower(plan)), args.output)
+    return 0
+
+
+def _add_common(p):
+    p.add_argument("spec", metavar="SPEC", help='the normc spec, e.g. "n c h w : norm over h w ; scale c ; shift c"')
+    p.add_argument("--shape", required=True, metavar="N,N,...",
+                   help="logical shape of x, one extent per spec dim, e.g. 256,128,28,28")
+    p.add_argument("--dtype", default="float32", metavar="DTYPE",
+                   help="x's dtype: float32 (default), float16 or bfloat16 (fp32, fp16, bf16 also accepted)")
+    p.add_argument("--out-dtype", default=None, metavar="DTYPE", help="output dtype (default: x's dtype)")
+    p.add_argument("--layout", default=None, metavar="DIMS",
+                   help='memory order of x, outermost first, e.g. "n h w c" or "n h w (g k)" (default: as the spec '
+                        "writes its dims, i.e. row-major)")
+    p.add_argument("--size", action="append", default=[], metavar="NAME=INT",
+                   help="size of a part of a split dim, e.g. g=32 (repeatable)")
+    p.add_argument("--eps", default="1e-5", metavar="FLOAT", help="epsilon added to the variance / mean square "
+                   "(default 1e-5)")
+    p.add_argument("--arch", default="sm_90", help="target compute capability (default sm_90)")
+    p.add_argument("--stats", action="store_true", help="also produce float32 mean and rstd per reduction")
+    p.add_argument("-o", "--output", default=None, metavar="FILE", help="write to FILE instead of stdout")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="normc",
+        description="normc: a compiler for GPU normalization kernels. Plan a spec for a shape and layout, or "
+                    "print the PTX of its kernels. No GPU is needed for either.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"normc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser(
+        "plan", help="print the plan (strategy, schedule, tiling, launch, reasons)",
+        description="Plan SPEC for an x of --shape/--dtype/--layout and print the plan: strategy "
+                    "(inner/outer/mixed), schedule (persistent/looped/split), tiling, launch and the reasons.",
+        epilog=_COMMON_EPILOG + """
+examples:
+  normc plan "n c h w : norm over h w ; scale c ; shift c" --shape 256,128,28,28 --dtype float16
+  normc plan "n c h w : norm over h w ; scale c ; shift c" --shape 256,128,28,28 --dtype float16 --layout "n h w c"
+  normc plan "t d : norm over d ; scale d ; shift d" --shape 16384,4096 --dtype bfloat16 --json
+""",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_common(p)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.to_json) instead of text")
+    p.set_defaults(func=_cmd_plan)
+
+    p = sub.add_parser(
+        "ptx", help="print the PTX of the plan's kernels",
+        description="Compile SPEC for an x of --shape/--dtype/--layout and print the PTX of its kernels in launch "
+                    "order (2 for a split schedule), each after a '// normc kernel i/n: entry=..., grid=..., "
+                    "block=..., shared=... bytes' line.",
+        epilog=_COMMON_EPILOG + """
+examples:
+  normc ptx "n c h w : norm over h w ; scale c ; shift c" --shape 256,128,28,28 --layout "n h w c" --dtype float16
+  normc ptx "t d : rms over d ; scale d" --eps 1e-6 --shape 16384,4096 --dtype bfloat16 -o rms.ptx
+""",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_common(p)
+    p.set_defaults(func=_cmd_ptx)
+    return parser
+
+
+def _error_line(e: Exception) -> str:
+    if isinstance(e, SpecError) and e.text is not None and e.pos is not None:
+        return f"{e.message} (at column {max(0, min(e.pos, len(e.text))) + 1} of the spec)"
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else type(e).__name__
+
+
+def main(argv=None) -> int:
+    """Run the ``normc`` command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version (0) and usage errors (2)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    try:
+        return args.func(args)
+    except (NormcError, _UsageError) as e:
+        print(f"normc: error: {_error_line(e)}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # The reader closed the pipe (e.g. `normc ptx ... | head`): stop quietly, as cat does minus the noise.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 0
+
+
+__all__ = ["main", "build_parser", "ptx_text"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,355 @@
+"""The runtime: ``normc.compile(spec)`` returns a :class:`Compiled`, a callable that normalizes arrays.
+
+The first call for a new specialization (shape, strides, dtypes, pointer alignment, device) plans,
+lowers and loads its kernels; later calls hit an in-memory table and only allocate the output and launch.
+Compiled kernels also go to an on-disk cache (:mod:`normc.runtime.cache`), so a new process skips NVVM.
+With no GPU, numpy arrays run through the same kernels on Numba's CUDA simulator (slow; a warning says so
+once).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+
+from ..canonical import check_no_overlap, dense_like
+from ..errors import ArgumentError
+from ..problem import make_problem, pointer_align
+from .arrays import SUPPORTED, describe, empty
+
+__all__ = ["Compiled", "gpu_available"]
+
+_gpu = None
+
+
+def gpu_available() -> bool:
+    """Whether a CUDA GPU and driver are usable (checked once)."""
+    global _gpu
+    if _gpu is None:
+        try:
+            from numba import cuda
+
+            _gpu = bool(cuda.is_available())
+        except Exception:
+            _gpu = False
+    return _gpu
+
+
+_sim_warned = False
+
+
+def _warn_sim():
+    global _sim_warned
+    if not _sim_warned:
+        _sim_warned = True
+        warnings.warn(
+            "normc: no CUDA GPU found; running kernels on Numba's CUDA simulator (pure Python, very slow: "
+            "use small arrays)", RuntimeWarning, stacklevel=3,
+        )
+
+
+def _stream_handle(stream, info):
+    if stream is None:
+        if info.kind == "torch":
+            import torch
+
+            return torch.cuda.current_stream(info.obj.device).cuda_stream
+        if info.kind == "cupy":
+            import cupy
+
+            return cupy.cuda.get_current_stream().ptr
+        return 0
+    if isinstance(stream, int):
+        return stream
+    for attr in ("cuda_stream", "ptr"):
+        if hasattr(stream, attr):
+            return int(getattr(stream, attr))
+    if hasattr(stream, "handle"):  # numba stream
+        h = stream.handle
+        return int(getattr(h, "value", h) or 0)
+    if hasattr(stream, "__cuda_stream__"):
+        return int(stream.__cuda_stream__()[1])
+    raise ArgumentError(f"stream is a {type(stream).__name__}; expected a CUDA stream object or handle")
+
+
+class _Entry:
+    """Everything one specialization needs at call time."""
+
+    __slots__ = ("plan", "kernels", "out_shape", "out_strides", "out_dtype", "stat_shape", "ws", "sim")
+
+    def __init__(self, plan, kernels, out_shape, out_strides, out_dtype, stat_shape, sim):
+        self.plan = plan
+        self.kernels = kernels
+        self.out_shape = out_shape
+        self.out_strides = out_strides
+        self.out_dtype = out_dtype
+        self.stat_shape = stat_shape
+        self.ws = plan.workspace_floats
+        self.sim = sim
+
+
+class Compiled:
+    """A normalization compiled from a spec; call it on arrays.
+
+    ``f(x, scale=None, shift=None, *, out=None, stream=None, return_stats=False)``
+
+    Args:
+        x: the input, of the spec's logical shape (one extent per spec dim), any strides; float32, float16 or
+            bfloat16. A torch tensor, CuPy or Numba CUDA array, or any ``__cuda_array_interface__``/DLPack
+            array on a CUDA device; a numpy array when no GPU is present (simulator).
+        scale, shift: required exactly when the spec has the step; contiguous, holding the product of their
+            axes' extents in the spec's axis order (any shape with that many elements, e.g. torch's (C,));
+            float32/float16/bfloat16, possibly another dtype than x; on x's device.
+        out: optional output of x's shape and the output dtype, on x's device; may be x itself (in place) but
+            may not otherwise overlap x.
+        stream: stream to launch on (torch/CuPy stream object, Numba stream, or a raw handle); default: the
+            current torch/CuPy stream of x's device, else the legacy default stream. Never synchronizes.
+        return_stats: also return float32 ``mean`` and ``rstd``, shaped like the kept axes in spec order
+            (``mean`` is 0 for ``rms``).
+
+    Returns:
+        ``y`` of the same kind as x (torch in, torch out), laid out in x's memory order; or
+        ``(y, mean, rstd)`` with ``return_stats``.
+
+    Raises:
+        ArgumentError: rank, extents, dtype, device, size of scale/shift/out, or overlap are wrong.
+        CompileError: a kernel could not be compiled or loaded.
+
+    Constructor arguments: ``spec`` (a :class:`normc.Spec` or its text), ``out_dtype`` (default: x's),
+    ``arch`` (override the device's compute capability), ``schedule`` (force ``"looped"`` or ``"split"``,
+    for tests and tuning; default: the planner's choice).
+    """
+
+    def __init__(self, spec, *, out_dtype=None, arch=None, schedule=None):
+        from ..spec import Spec, spec as parse
+
+        if isinstance(spec, str):
+            spec = parse(spec)
+        if not isinstance(spec, Spec):
+            raise ArgumentError(f"spec is a {type(spec).__name__}; expected a normc.Spec or spec text")
+        if out_dtype is not None and str(out_dtype).replace("torch.", "") not in SUPPORTED:
+            raise ArgumentError(f"out_dtype is {out_dtype}; expected one of {', '.join(SUPPORTED)}")
+        self.spec = spec
+        self.out_dtype = None if out_dtype is None else str(out_dtype).replace("torch.", "")
+        if schedule not in (None, "persistent", "looped", "split"):
+            raise ArgumentError(f"schedule is {schedule!r}; expected None, 'persistent', 'looped' or 'split'")
+        self.arch = arch
+        self.schedule = schedule
+        self._table = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self):
+        return f"normc.compile({self.spec!r})"
+
+    # ------------------------------------------------------------------------------------------------
+    def __call__(self, x, scale=None, shift=None, *, out=None, stream=None, return_stats=False):
+        xi = describe(x, "x")
+        si = None if scale is None else describe(scale, "scale")
+        hi = None if shift is None else describe(shift, "shift")
+        oi = None if out is None else describe(out, "out")
+        key = (
+            xi.kind, xi.shape, xi.strides, xi.dtype, xi.device, pointer_align(xi.ptr),
+            None if si is None else (si.shape, si.strides, si.dtype, si.device, pointer_align(si.ptr)),
+            None if hi is None else (hi.shape, hi.strides, hi.dtype, hi.device, pointer_align(hi.ptr)),
+            None if oi is None else (oi.shape, oi.strides, oi.dtype, oi.device, pointer_align(oi.ptr),
+                                     oi.ptr == xi.ptr),
+            bool(return_stats),
+        )
+        entry = self._table.get(key)
+        if entry is None:
+            with self._lock:
+                entry = self._table.get(key)
+                if entry is None:
+                    entry = self._build(xi, si, hi, oi, bool(return_stats))
+                    self._table[key] = entry
+        if oi is None:
+            y = empty(xi, entry.out_shape, entry.out_strides, entry.out_dtype)
+            optr = describe(y, "out").ptr if xi.kind != "torch" else y.data_ptr()
+        else:
+            y, optr = out, oi.ptr
+        mean = rstd = None
+        if return_stats:
+            dense = dense_like(entry.stat_shape, range(len(entry.stat_shape), 0, -1))
+            mean = empty(xi, entry.stat_shape, dense, "float32")
+            rstd = empty(xi, entry.stat_shape, dense, "float32")
+        if xi.kind != "numpy" and math.prod(xi.shape) > 0:
+            ws = empty(xi, (entry.ws,), (1,), "float32") if entry.ws else None
+            ptrs = (
+                xi.ptr, optr, 0 if si is None else si.ptr, 0 if hi is None else hi.ptr,
+                0 if mean is None else describe(mean, "mean").ptr,
+                0 if rstd is None else describe(rstd, "rstd").ptr,
+                0 if ws is None else describe(ws, "workspace").ptr,
+            )
+            from . import gpu
+
+            gpu.set_device(xi.device)
+            s = gpu.stream_of(_stream_handle(stream, xi))
+            for k in entry.kernels:
+                k(s, *ptrs)
+        elif math.prod(xi.shape) > 0:
+            from .simulate import run
+
+            run(entry, x, y, scale, shift, mean, rstd)
+        elif return_stats and math.prod(entry.stat_shape) > 0:
+            mean[...] = float("nan")
+            rstd[...] = float("nan")
+        return (y, mean, rstd) if return_stats else y
+
+    # ------------------------------------------------------------------------------------------------
+    def _check(self, xi, si, hi, oi):
+        spec = self.spec
+        if xi.dtype not in SUPPORTED:
+            raise ArgumentError(f"x has dtype {xi.dtype}; expected one of {', '.join(SUPPORTED)}")
+        if len(xi.shape) != spec.ndim:
+            dims = ", ".join("(" + " ".join(d) + ")" if len(d) > 1 else d[0] for d in spec.dims)
+            raise ArgumentError(
+                f"x has rank {len(xi.shape)} (shape {xi.shape}) but spec '{spec}' has {spec.ndim} dims ({dims})"
+            )
+        sizes = spec.axis_sizes(xi.shape)
+        sim = xi.device is None
+        if sim and gpu_available():
+            raise ArgumentError("x is a host array; expected a CUDA array on the GPU")
+        if sim and xi.kind != "numpy":
+            raise ArgumentError(f"x is a host {xi.kind} array; expected a CUDA array (or numpy on the simulator)")
+        for name, info, axes in (("scale", si, spec.scale), ("shift", hi, spec.shift)):
+            if axes is None:
+                if info is not None:
+                    raise ArgumentError(f"{name} was given but the spec '{spec}' has no {name} step")
+                continue
+            if info is None:
+                raise ArgumentError(f"{name} is required: the spec has '{name} {' '.join(axes)}'")
+            want = math.prod(sizes[a] for a in axes)
+            got = math.prod(info.shape)
+            if got != want:
+                ext = " x ".join(f"{a}={sizes[a]}" for a in axes)
+                raise ArgumentError(f"{name} has {got} elements (shape {info.shape}); expected {want} ({ext})")
+            if info.dtype not in SUPPORTED:
+                raise ArgumentError(f"{name} has dtype {info.dtype}; expected one of {', '.join(SUPPORTED)}")
+            if info.device != xi.device:
+                where = lambda d: "the host" if d is None else f"cuda:{d}"  # noqa: E731
+                raise ArgumentError(f"{name} is on {where(info.device)}; expected x's device {where(xi.device)}")
+            if dense_like(info.shape, info.strides) != tuple(info.strides) and got > 1:
+                nontrivial = [(n, s) for n, s in zip(info.shape, info.strides) if n > 1]
+                ok = all(nontrivial[i][1] == nontrivial[i + 1][1] * nontrivial[i + 1][0]
+                         for i in range(len(nontrivial) - 1)) and (not nontrivial or nontrivial[-1][1] == 1)
+                if not ok:
+                    raise ArgumentError(f"{name} must be contiguous (strides {info.strides} for shape {info.shape})")
+        out_dtype = self.out_dtype or xi.dtype
+        if oi is not None:
+            if tuple(oi.shape) != tuple(xi.shape):
+                raise ArgumentError(f"out has shape {oi.shape}; expected x's shape {xi.shape}")
+            if self.out_dtype is not None and oi.dtype != out_dtype or oi.dtype not in SUPPORTED:
+                raise ArgumentError(f"out has dtype {oi.dtype}; expected {out_dtype}")
+            if oi.device != xi.device:
+                raise ArgumentError(f"out is on device {oi.device}; expected x's device {xi.device}")
+            check_no_overlap(oi.shape, oi.strides, "out")
+            if oi.ptr == xi.ptr and tuple(oi.strides) != tuple(xi.strides):
+                raise ArgumentError("out aliases x with different strides; expected x itself or a separate array")
+            if oi.ptr != xi.ptr and _overlaps(xi, oi):
+                raise ArgumentError("out overlaps x; expected x itself (in place) or a non-overlapping array")
+            out_dtype = oi.dtype
+        return sizes, sim, out_dtype
+
+    def _build(self, xi, si, hi, oi, stats):
+        from ..planner import make_plan
+
+        spec = self.spec
+        sizes, sim, out_dtype = self._check(xi, si, hi, oi)
+        out_strides = tuple(oi.strides) if oi is not None else dense_like(xi.shape, xi.strides)
+        aligns = {
+            "x": pointer_align(xi.ptr * _isz(xi.dtype) if sim else xi.ptr),
+            "out": 16 if oi is None else pointer_align(oi.ptr),
+            "scale": 16 if si is None else pointer_align(si.ptr),
+            "shift": 16 if hi is None else pointer_align(hi.ptr),
+        }
+        if sim:
+            aligns = {k: 16 for k in aligns}  # the simulator has no alignment rules
+        prob = make_problem(
+            spec, xi.shape, xi.strides, out_strides, x_dtype=xi.dtype, out_dtype=out_dtype,
+            scale_dtype=None if si is None else si.dtype, shift_dtype=None if hi is None else hi.dtype,
+            stats=stats, aligns=aligns,
+        )
+        stat_shape = tuple(sizes[a] for a in spec.kept)
+        if math.prod(xi.shape) == 0:
+            return _Entry(make_plan(prob, sms=4), [], xi.shape, out_strides, out_dtype, stat_shape, sim)
+        if sim:
+            _warn_sim()
+            from ..lowering.codegen import generate
+            from .simulate import load
+
+            plan = make_plan(prob, arch="sm_90", sms=4, schedule=self.schedule)  # small grids: the simulator runs blocks one by one
+            kernels = [load(ks) for ks in generate(plan)]
+            return _Entry(plan, kernels, xi.shape, out_strides, out_dtype, stat_shape, True)
+        from . import gpu
+
+        cc = gpu.device_cc(xi.device)
+        if self.arch is not None:
+            from ..lowering import arch_cc
+
+            cc = arch_cc(self.arch)
+        plan = make_plan(prob, arch=f"sm_{cc[0]}{cc[1]}", sms=gpu.device_sms(xi.device), schedule=self.schedule)
+        gpu.set_device(xi.device)
+        kernels = [gpu.Loaded(k["ptx"], k.get("cubin"), k["entry"], k["grid"], k["block"])
+                   for k in compiled_kernels(plan, cc)]
+        return _Entry(plan, kernels, xi.shape, out_strides, out_dtype, stat_shape, False)
+
+
+def _isz(dtype):
+    return 4 if dtype == "float32" else 2
+
+
+def _overlaps(a, b):
+    def span(i):
+        isz = _isz(i.dtype)
+        lo = i.ptr + sum((n - 1) * s * isz for n, s in zip(i.shape, i.strides) if s < 0 and n > 0)
+        hi = i.ptr + sum((n - 1) * s * isz for n, s in zip(i.shape, i.strides) if s > 0 and n > 0) + isz
+        return lo, hi
+
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
+_kernel_memo = {}
+_memo_lock = threading.Lock()
+
+
+def versions() -> dict:
+    """Versions that key the disk cache: normc, NVVM, driver."""
+    from .. import __version__
+    from . import gpu
+
+    try:
+        from numba.cuda.cudadrv.nvvm import NVVM
+
+        nvvm = ".".join(map(str, NVVM().get_version()))
+    except Exception:
+        nvvm = "?"
+    return {"normc": __version__, "nvvm": nvvm, "driver": gpu.driver_version()}
+
+
+def compiled_kernels(plan, cc) -> list:
+    """PTX (and cubin when nvJitLink can make one) of ``plan`` for ``cc``: memory cache, disk cache, or NVVM.
+
+    Returns a list of dicts with keys ptx, cubin, entry, grid, block, shared_bytes.
+    """
+    from . import cache, gpu
+
+    key = cache.make_key({"plan": plan.to_dict(), "cc": list(cc), **versions()})
+    with _memo_lock:
+        hit = _kernel_memo.get(key)
+    if hit is not None:
+        return hit
+    payload = cache.load(key)
+    if payload is None:
+        from ..lowering import lower
+
+        kernels = []
+        for k in lower(plan, arch=cc):
+            kernels.append({"ptx": k.ptx, "cubin": gpu.link_cubin(k.ptx, cc), "entry": k.entry,
+                            "grid": k.grid, "block": k.block, "shared_bytes": k.shared_bytes})
+        payload = {"kernels": kernels}
+        cache.store(key, payload)
+    with _memo_lock:
+        _kernel_memo[key] = payload["kernels"]
+    return payload["kernels"]

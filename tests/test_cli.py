@@ -1,0 +1,162 @@
+"""The ``normc`` command line (no GPU needed: planning and NVVM run on the host)."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+import normc
+from normc.cli import main
+
+IN_SPEC = "n c h w : norm over h w ; scale c ; shift c"
+IN_ARGS = [IN_SPEC, "--shape", "256,128,28,28", "--dtype", "float16"]
+NHWC = ["--layout", "n h w c"]
+
+HEADER = re.compile(r"^// normc kernel (\d+)/(\d+): entry=(\S+), grid=(\d+), block=(\d+), shared=(\d+) bytes$", re.M)
+
+
+def _modules(text):
+    """Split ``normc ptx`` output at its header lines: [(header match, module text)]."""
+    heads = list(HEADER.finditer(text))
+    assert heads, text[:500]
+    assert text.startswith("// normc kernel 1/")
+    out = []
+    for i, h in enumerate(heads):
+        end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
+        out.append((h, text[h.end():end]))
+    return out
+
+
+def _check_ptx(text, plan):
+    mods = _modules(text)
+    n = 2 if plan.schedule == "split" else 1
+    assert len(mods) == n
+    for i, (h, body) in enumerate(mods, 1):
+        assert (int(h.group(1)), int(h.group(2))) == (i, n)
+        entries = re.findall(r"\.visible\s+\.entry\s+([\w$]+)\s*\(", body)
+        assert entries == [h.group(3)]
+        assert ".extern" not in body
+        assert ".target sm_90" in body
+        assert int(h.group(4)) == plan.grid and int(h.group(5)) == plan.threads
+
+
+def _one_error_line(err):
+    lines = err.strip("\n").splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("normc: error: ")
+    return lines[0]
+
+
+def test_ptx_nhwc_instance_norm(capsys):
+    assert main(["ptx", *IN_ARGS, *NHWC]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    plan = normc.plan(IN_SPEC, (256, 128, 28, 28), "float16", layout="n h w c")
+    _check_ptx(out, plan)
+
+
+def test_ptx_output_file(tmp_path, capsys):
+    path = tmp_path / "ln.ptx"
+    args = ["ptx", "t d : norm over d ; scale d ; shift d", "--shape", "64,1024", "--dtype", "bf16", "--stats",
+            "-o", str(path)]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert out == "" and err == ""
+    plan = normc.plan("t d : norm over d ; scale d ; shift d", (64, 1024), "bfloat16", stats=True)
+    _check_ptx(path.read_text(), plan)
+
+
+def test_plan_strategy_follows_layout(capsys):
+    assert main(["plan", *IN_ARGS, *NHWC]) == 0
+    out, _ = capsys.readouterr()
+    assert out.startswith("strategy: outer")
+    assert main(["plan", *IN_ARGS]) == 0
+    out, _ = capsys.readouterr()
+    assert out.startswith("strategy: inner")
+    assert "why:" in out
+
+
+def test_plan_group_norm_mixed(capsys):
+    args = ["plan", "n (g k) h w : norm over k h w ; scale g k ; shift g k", "--size", "g=32",
+            "--shape", "8,320,64,64", "--dtype", "float16", "--layout", "n h w (g k)"]
+    assert main(args) == 0
+    out, _ = capsys.readouterr()
+    assert out.startswith("strategy: mixed")
+
+
+def test_plan_json(capsys):
+    assert main(["plan", *IN_ARGS, *NHWC, "--json", "--stats", "--out-dtype", "float32"]) == 0
+    out, _ = capsys.readouterr()
+    d = json.loads(out)
+    assert d["strategy"] == "outer"
+    assert d["stats"] is True and d["out_dtype"] == "float32" and d["x_dtype"] == "float16"
+    assert normc.Plan.from_json(out).strategy == "outer"
+
+
+def test_plan_eps_and_sizes(capsys):
+    assert main(["plan", "t d : rms over d ; scale d", "--shape", "16384,4096", "--dtype", "bfloat16",
+                 "--eps", "1e-6", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["eps"] == 1e-6 and d["stat"] == "rms"
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["plan", "n c h w : norm ovr h w", "--shape", "2,3,4,5"], "missing 'over'"),
+        (["ptx", "n c h w : norm over q", "--shape", "2,3,4,5"], "unknown reduction axis"),
+        (["plan", IN_SPEC, "--shape", "2,x"], "--shape"),
+        (["plan", IN_SPEC, "--shape", "2,-3,4,5"], "--shape"),
+        (["plan", IN_SPEC, "--shape", "2,3"], "rank 2"),
+        (["plan", IN_SPEC, "--shape", "2,3,4,5", "--layout", "n h c"], "layout"),
+        (["plan", IN_SPEC, "--shape", "2,3,4,5", "--layout", "n h h c"], "layout"),
+        (["plan", IN_SPEC, "--shape", "2,3,4,5", "--dtype", "int8"], "--dtype"),
+        (["plan", IN_SPEC, "--shape", "2,3,4,5", "--eps", "abc"], "--eps"),
+        (["plan", IN_SPEC, "--shape", "2,3,4,5", "--eps", "-1"], "eps"),
+        (["plan", IN_SPEC, "--shape", "2,3,4,5", "--size", "g"], "--size"),
+        (["plan", IN_SPEC, "--shape", "2,3,4,5", "--size", "g=4"], "not an axis"),
+        (["plan", IN_SPEC, "--shape", "2,3,4,5", "--arch", "volta"], "arch"),
+        (["plan", "n (g k) h w : norm over k h w", "--size", "g=32", "--shape", "2,48,4,4"], "divisible"),
+    ],
+)
+def test_errors_exit_2_with_one_line(args, needle, capsys):
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert needle in _one_error_line(err)
+
+
+def test_spec_error_reports_column(capsys):
+    assert main(["plan", "n c h w : norm ovr h w", "--shape", "2,3,4,5"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "column 16" in line
+
+
+def test_usage_errors_exit_2(capsys):
+    assert main(["plan", IN_SPEC]) == 2  # --shape missing
+    assert main([]) == 2  # no command
+    assert main(["frobnicate"]) == 2
+
+
+def test_version(capsys):
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"normc {normc.__version__}"
+
+
+def test_help_has_examples(capsys):
+    assert main(["--help"]) == 0
+    assert "examples:" in capsys.readouterr().out
+    assert main(["ptx", "--help"]) == 0
+    assert "examples:" in capsys.readouterr().out
+
+
+def test_module_entry_point_bad_spec():
+    r = subprocess.run(
+        [sys.executable, "-m", "normc.cli", "plan", "n c h w : norm over", "--shape", "2,3,4,5"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == 2
+    assert r.stdout == ""
+    _one_error_line(r.stderr)
