@@ -75,6 +75,7 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
     if not isinstance(spec, Spec):
         raise ArgumentError(f"spec is {type(spec).__name__}; expected a normc.Spec or spec text")
     shape = tuple(int(s) for s in shape)
+    spec.axis_sizes(shape)  # rank and split checks first: ArgumentError naming x
     if strides is None:
         strides = layout_strides(spec, shape, layout)
     if out_strides is None:

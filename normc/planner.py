@@ -392,6 +392,10 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None):
     if vec > 1:
         why.append(f"vec={vec}: {vec * dbytes['x']} B accesses along the {cb}-column contiguous block")
     ncv = cb // vec
+    if strategy == "mixed" and ncv > MAX_PERSISTENT_THREADS * 2:
+        # the whole (g k) block must fit one CTA's x-threads (<= 1024): fall back to lanes along k
+        why.append(f"mixed block of {ncv} vectors exceeds 1024 threads: inner strategy instead")
+        return _plan_inner(p, common, dbytes, unit, why, force)
     if strategy == "mixed":
         nxc = ncv
         threads = max(CTA_THREADS, -(-nxc // 32) * 32)
