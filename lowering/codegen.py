@@ -865,21 +865,36 @@ class _Outer(_Kernel):
             g("st1_f32(wp, wi + 1, mean)")
             g("st1_f32(wp, wi + 2, m2)")
         k1 = KernelSource("normc_outer_partial", g.text(), p.grid, p.threads, self.shared, self.ptypes())
+        # kernel 2: y-thread ry merges splits ry, ry + RY, ... of its columns from the workspace, then the
+        # CTA combines the y-threads exactly as the single-kernel schedule does, and normalizes its rows.
         self.shared = 0
         g = _Src()
         self.setup(g, "normc_outer_finish")
+        V = self.V
+        g("cnt = F32(0.0)")
+        for j in range(V):
+            g(f"wm{j} = F32(0.0)")
+            g(f"wq{j} = F32(0.0)")
+        with g.block("if cok:"):
+            with g.block(f"for k in range(ry, {S}, {p.ry}):"):
+                g(f"wi = ((t2 * {T} + cx * {V}) * {S} + k) * 3")
+                g("pn = ld1_f32(wp, wi)")
+                g("nn = cnt + pn")
+                g("w = pn / max(nn, F32(1.0))")
+                for j in range(V):
+                    g(f"wj = ((t2 * {T} + cx * {V} + {j}) * {S} + k) * 3")
+                    if p.stat == "norm":
+                        g("pm = ld1_f32(wp, wj + 1)")
+                        g(f"d = pm - wm{j}")
+                        g(f"wm{j} = wm{j} + d * w")
+                        g(f"wq{j} = wq{j} + ld1_f32(wp, wj + 2) + d * d * cnt * w")
+                    else:
+                        g(f"wq{j} = wq{j} + ld1_f32(wp, wj + 2)")
+                g("cnt = nn")
+        self.emit_cta_combine(g)
         g(f"for lc in range(tid, {T}, {p.threads}):")
         g.ind += 1
-        g("n = F32(0.0)")
-        g("mean = F32(0.0)")
-        g("m2 = F32(0.0)")
-        with g.block(f"for k in range({S}):"):
-            g(f"wi = ((t2 * {T} + lc) * {S} + k) * 3")
-            if p.stat == "norm":
-                _chan(g, "n", "mean", "m2", "ld1_f32(wp, wi)", "ld1_f32(wp, wi + 1)", "ld1_f32(wp, wi + 2)")
-            else:
-                g("n = n + ld1_f32(wp, wi)")
-                g("m2 = m2 + ld1_f32(wp, wi + 2)")
+        self.merge_column(g, "lc")
         self.emit_stats_and_affine(g)
         self.emit_normalize(g)
         k2 = KernelSource("normc_outer_finish", g.text(), p.grid, p.threads, self.shared, self.ptypes())

@@ -54,6 +54,9 @@ def _stream_handle(stream, info):
         if info.kind == "torch":
             import torch
 
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # avoids building a Stream object
+            if raw is not None:
+                return raw(info.device)
             return torch.cuda.current_stream(info.obj.device).cuda_stream
         if info.kind == "cupy":
             import cupy

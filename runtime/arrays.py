@@ -59,7 +59,8 @@ def describe(obj, name: str) -> ArrayInfo:
         from cuda.core.utils import StridedMemoryView
 
         try:
-            v = StridedMemoryView(obj, stream_ptr=-1)
+            make = getattr(StridedMemoryView, "from_any_interface", None)
+            v = make(obj, stream_ptr=-1) if make is not None else StridedMemoryView(obj, stream_ptr=-1)
         except Exception as e:
             raise ArgumentError(f"{name} could not be read as a CUDA array ({e})") from e
         if not v.is_device_accessible:
@@ -84,14 +85,14 @@ def empty(like: ArrayInfo, shape, strides, dtype: str):
 
     ``strides`` are element strides of a dense layout (a permutation of row-major).
     """
-    order = sorted(range(len(shape)), key=lambda d: -strides[d]) if shape else []
-    phys = [shape[d] for d in order]
-    inv = np.argsort(order) if shape else []
     if like.kind == "torch":
         import torch
 
         return torch.empty_strided(tuple(shape), tuple(strides), dtype=getattr(torch, dtype),
                                    device=like.obj.device)
+    order = sorted(range(len(shape)), key=lambda d: -strides[d]) if shape else []
+    phys = [shape[d] for d in order]
+    inv = np.argsort(order) if shape else []
     if like.kind == "numpy":
         if dtype == "bfloat16":
             import ml_dtypes  # noqa: F401  (numpy has no bfloat16 of its own)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ArgumentError
 from ..lowering.sim import load as _load_sim
 
 __all__ = ["load", "run"]
@@ -24,15 +25,22 @@ def load(ks):
     return call
 
 
-def _flat(a):
+def _flat(a, name):
     """1-D view of ``a``'s memory from its first element to its last (non-negative strides)."""
     if a is None:
         return np.zeros(1, np.float32)
-    if any(s < 0 for s in a.strides):
-        raise ValueError("negative strides are not supported on the simulator")
+    if any(s < 0 and n > 1 for n, s in zip(a.shape, a.strides)):
+        raise ArgumentError(
+            f"{name} has negative strides {a.strides} (bytes); the simulator supports non-negative strides "
+            f"only (pass a copy, e.g. numpy.ascontiguousarray)"
+        )
     isz = a.dtype.itemsize
     span = 1 + sum((n - 1) * s // isz for n, s in zip(a.shape, a.strides)) if a.size else 1
-    flat = np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(isz,), writeable=True)
+    flat = np.lib.stride_tricks.as_strided(a, shape=(span,), strides=(isz,), writeable=a.flags.writeable)
+    if not flat.flags.writeable:
+        # a read-only input (e.g. a broadcast view with zero strides): the simulator copies every argument
+        # back after the launch, so hand it a private copy (kernels only load from inputs)
+        flat = flat.copy()
     if isz == 2:
         flat = flat.view(np.uint16)
     return flat
@@ -41,6 +49,7 @@ def _flat(a):
 def run(entry, x, y, scale, shift, mean, rstd):
     """Launch ``entry``'s kernels on the simulator over numpy arrays (results land in y, mean, rstd)."""
     ws = np.zeros(max(entry.ws, 1), np.float32)
-    args = [_flat(x), _flat(y), _flat(scale), _flat(shift), _flat(mean), _flat(rstd), ws]
+    args = [_flat(x, "x"), _flat(y, "out"), _flat(scale, "scale"), _flat(shift, "shift"), _flat(mean, "mean"),
+            _flat(rstd, "rstd"), ws]
     for k in entry.kernels:
         k(*args)
