@@ -602,7 +602,7 @@ class _Outer(_Kernel):
     def rows_vary_params(self):
         return any(a.scale or a.shift for a in self.rowax)
 
-    def setup(self, g, name):
+    def setup(self, g, name, splits=None):
         p = self.p
         g(f"def {name}({PARAMS}):")
         g.ind += 1
@@ -612,7 +612,7 @@ class _Outer(_Kernel):
         g(f"cx = tid % {p.nxc}")
         g(f"ry = tid // {p.nxc}")
         g(f"act = ry < {p.ry}")
-        S = p.splits
+        S = p.splits if splits is None else splits
         g(f"sp_ = bid % {S}")
         g(f"t2 = bid // {S}")
         g(f"tile = t2 % {self.NT}")
@@ -865,12 +865,16 @@ class _Outer(_Kernel):
             g("st1_f32(wp, wi + 1, mean)")
             g("st1_f32(wp, wi + 2, m2)")
         k1 = KernelSource("normc_outer_partial", g.text(), p.grid, p.threads, self.shared, self.ptypes())
-        # kernel 2: y-thread ry merges splits ry, ry + RY, ... of its columns from the workspace, then the
-        # CTA combines the y-threads exactly as the single-kernel schedule does, and normalizes its rows.
+        # kernel 2 (one CTA per column tile): y-thread ry merges splits ry, ry + RY, ... of its columns from
+        # the workspace, the CTA combines the y-threads as the single-kernel schedule does, and the per-column
+        # a, b (y = x*a + b) go to the workspace after the partials. Merging once here, not in every CTA of
+        # kernel 3, keeps the merge O(splits) per column.
+        V = self.V
+        cols = self.KO * self.NT * T
+        ab = 3 * cols * S  # offset of the a, b table in the workspace
         self.shared = 0
         g = _Src()
-        self.setup(g, "normc_outer_finish")
-        V = self.V
+        self.setup(g, "normc_outer_stats", splits=1)
         g("cnt = F32(0.0)")
         for j in range(V):
             g(f"wm{j} = F32(0.0)")
@@ -896,9 +900,23 @@ class _Outer(_Kernel):
         g.ind += 1
         self.merge_column(g, "lc")
         self.emit_stats_and_affine(g)
+        with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
+            g(f"st1_f32(wp, {ab} + (t2 * {T} + lc) * 2, sA[lc])")
+            g(f"st1_f32(wp, {ab} + (t2 * {T} + lc) * 2 + 1, sB[lc])")
+        km = KernelSource("normc_outer_stats", g.text(), self.KO * self.NT, p.threads, self.shared, self.ptypes())
+        # kernel 3: every split CTA reads its columns' a, b and normalizes its rows
+        self.shared = 0
+        g = _Src()
+        self.setup(g, "normc_outer_finish")
+        self.smem(g, "sA", T)
+        self.smem(g, "sB", T)
+        with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
+            g(f"sA[lc] = ld1_f32(wp, {ab} + (t2 * {T} + lc) * 2)")
+            g(f"sB[lc] = ld1_f32(wp, {ab} + (t2 * {T} + lc) * 2 + 1)")
+        g("cuda.syncthreads()")
         self.emit_normalize(g)
         k2 = KernelSource("normc_outer_finish", g.text(), p.grid, p.threads, self.shared, self.ptypes())
-        return [k1, k2]
+        return [k1, km, k2]
 
 
 def generate(plan) -> list[KernelSource]:

@@ -134,7 +134,7 @@ class Plan:
         if self.strategy == "inner":
             return 3 * self.kept * self.splits
         cols = self.grid // self.splits * self.tile  # (kept-outer x tiles) x tile columns
-        return 3 * cols * self.splits
+        return 3 * cols * self.splits + 2 * cols  # partial (n, mean, m2) per split, then a, b per column
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -173,7 +173,7 @@ class Plan:
                 f"tiling:   vec={self.vec} column tile={self.tile} (x-threads={self.nxc}, y-threads={self.ry}) "
                 f"group={self.group} vectors/thread={self.per_thread} splits={self.splits}"
             )
-        nk = 2 if self.schedule == "split" else 1
+        nk = 1 if self.schedule != "split" else (2 if self.strategy == "inner" else 3)
         lines.append(f"launch:   {nk} kernel(s), grid={self.grid} block={self.threads} arch={self.arch}")
         lines.extend(f"why:      {w}" for w in self.why)
         return "\n".join(lines)
@@ -432,7 +432,7 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None):
         schedule, per = ("split" if splits > 1 else "looped"), LOOP_UNROLL
         why.append(
             f"only {base} column tiles for {rows} rows each: split rows over {splits} CTAs, partial Welford "
-            f"to a workspace, merge and normalize in a second kernel"
+            f"to a workspace, merged once per column tile by a second kernel, normalized by a third"
             if splits > 1 else f"{base} column tiles, rows too few to split: Welford loop, re-read"
         )
     return Plan(
