@@ -259,18 +259,16 @@ class _Inner(_Kernel):
         return var
 
     def emit_row_affine(self, g):
-        """a, b such that y = x*a + b, folding per-row (kept-only) scale/shift."""
+        """a, b such that y = (x - mean)*a + b, folding per-row (kept-only) scale/shift.
+
+        Subtracting the mean before scaling (rather than y = x*a' + b' with b' = shift - mean*a') keeps
+        constant rows exact: y == shift."""
         var = self.params_for_row()
-        if self.p.stat == "norm":
-            g("a = rstd")
-            g("b = -mean * rstd")
-        else:
-            g("a = rstd")
-            g("b = F32(0.0)")
+        g("a = rstd")
+        g("b = F32(0.0)")
         if var["scale"] is False:
             g("sv = ld1_%s(sp, sb)" % TAG[self.p.scale_dtype])
             g("a = a * sv")
-            g("b = b * sv")
         if var["shift"] is False:
             g("b = b + ld1_%s(hp, hb)" % TAG[self.p.shift_dtype])
         return var
@@ -280,7 +278,7 @@ class _Inner(_Kernel):
         inner = self.inner
         ys = [g.new("y") for _ in range(V)]
         for j in range(V):
-            g(f"{ys[j]} = {xs[j]} * a + b")
+            g(f"{ys[j]} = ({xs[j]} - mean) * a + b")
         if var["scale"]:
             sc = self.load_param(g, "scale", f"sb + {offs['scale']}", inner.scale, self.p.scale_vec, V)
             for j in range(V):
@@ -728,6 +726,7 @@ class _Outer(_Kernel):
         T = p.tile
         self.smem(g, "sA", T)
         self.smem(g, "sB", T)
+        self.smem(g, "sC", T)
         fold = not self.rows_vary_params()
         if p.strategy == "mixed":
             self.smem(g, "sCn", T)
@@ -758,12 +757,13 @@ class _Outer(_Kernel):
                         g(f"st1_f32(mp, mb + gi * {gst}, mean)")
                         g(f"st1_f32(rp, mb + gi * {gst}, rstd)")
                 g("sGa[gi] = rstd")
-                g("sGb[gi] = -mean * rstd" if p.stat == "norm" else "sGb[gi] = F32(0.0)")
+                g("sGb[gi] = mean")
             g("cuda.syncthreads()")
             g(f"for lc in range(tid, {T}, {p.threads}):")
             g.ind += 1
             g(f"a = sGa[lc // {self.G}]")
-            g(f"b = sGb[lc // {self.G}]")
+            g(f"c = sGb[lc // {self.G}]")
+            g("b = F32(0.0)")
         else:
             self.emit_rstd(g)
             if p.stats:
@@ -772,18 +772,19 @@ class _Outer(_Kernel):
                     g(f"st1_f32(mp, mb + (tile * {T} + lc) * {so}, mean)")
                     g(f"st1_f32(rp, mb + (tile * {T} + lc) * {so}, rstd)")
             g("a = rstd")
-            g("b = -mean * rstd" if p.stat == "norm" else "b = F32(0.0)")
+            g("c = mean")
+            g("b = F32(0.0)")
         if fold:
             g(f"gc = min(tile * {T} + lc, {self.CB - 1})")
             co = self.col_offsets(g, "gc")
             if p.scale_dtype is not None:
                 g(f"sv = ld1_{TAG[p.scale_dtype]}(sp, sb + {co['scale']})")
                 g("a = a * sv")
-                g("b = b * sv")
             if p.shift_dtype is not None:
                 g(f"b = b + ld1_{TAG[p.shift_dtype]}(hp, hb + {co['shift']})")
         g("sA[lc] = a")
         g("sB[lc] = b")
+        g("sC[lc] = c")
         g.ind -= 1
         g("cuda.syncthreads()")
 
@@ -801,11 +802,12 @@ class _Outer(_Kernel):
         for j in range(V):
             g(f"na{j} = sA[min(cx * {V} + {j}, {p.tile - 1})]")
             g(f"nb{j} = sB[min(cx * {V} + {j}, {p.tile - 1})]")
+            g(f"nc{j} = sC[min(cx * {V} + {j}, {p.tile - 1})]")
 
         def body(names, ro):
             ys = [g.new("y") for _ in range(V)]
             for j in range(V):
-                g(f"{ys[j]} = {names[j]} * na{j} + nb{j}")
+                g(f"{ys[j]} = ({names[j]} - nc{j}) * na{j} + nb{j}")
             if not fold:
                 blk = self.block
                 for w in ("scale", "shift"):
@@ -867,7 +869,7 @@ class _Outer(_Kernel):
         k1 = KernelSource("normc_outer_partial", g.text(), p.grid, p.threads, self.shared, self.ptypes())
         # kernel 2 (one CTA per column tile): y-thread ry merges splits ry, ry + RY, ... of its columns from
         # the workspace, the CTA combines the y-threads as the single-kernel schedule does, and the per-column
-        # a, b (y = x*a + b) go to the workspace after the partials. Merging once here, not in every CTA of
+        # a, b, c (y = (x - c)*a + b) go to the workspace after the partials. Merging once here, not in every CTA of
         # kernel 3, keeps the merge O(splits) per column.
         V = self.V
         cols = self.KO * self.NT * T
@@ -901,8 +903,9 @@ class _Outer(_Kernel):
         self.merge_column(g, "lc")
         self.emit_stats_and_affine(g)
         with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
-            g(f"st1_f32(wp, {ab} + (t2 * {T} + lc) * 2, sA[lc])")
-            g(f"st1_f32(wp, {ab} + (t2 * {T} + lc) * 2 + 1, sB[lc])")
+            g(f"st1_f32(wp, {ab} + (t2 * {T} + lc) * 3, sA[lc])")
+            g(f"st1_f32(wp, {ab} + (t2 * {T} + lc) * 3 + 1, sB[lc])")
+            g(f"st1_f32(wp, {ab} + (t2 * {T} + lc) * 3 + 2, sC[lc])")
         km = KernelSource("normc_outer_stats", g.text(), self.KO * self.NT, p.threads, self.shared, self.ptypes())
         # kernel 3: every split CTA reads its columns' a, b and normalizes its rows
         self.shared = 0
@@ -910,9 +913,11 @@ class _Outer(_Kernel):
         self.setup(g, "normc_outer_finish")
         self.smem(g, "sA", T)
         self.smem(g, "sB", T)
+        self.smem(g, "sC", T)
         with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
-            g(f"sA[lc] = ld1_f32(wp, {ab} + (t2 * {T} + lc) * 2)")
-            g(f"sB[lc] = ld1_f32(wp, {ab} + (t2 * {T} + lc) * 2 + 1)")
+            g(f"sA[lc] = ld1_f32(wp, {ab} + (t2 * {T} + lc) * 3)")
+            g(f"sB[lc] = ld1_f32(wp, {ab} + (t2 * {T} + lc) * 3 + 1)")
+            g(f"sC[lc] = ld1_f32(wp, {ab} + (t2 * {T} + lc) * 3 + 2)")
         g("cuda.syncthreads()")
         self.emit_normalize(g)
         k2 = KernelSource("normc_outer_finish", g.text(), p.grid, p.threads, self.shared, self.ptypes())

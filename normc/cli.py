@@ -199,7 +199,7 @@ examples:
     p = sub.add_parser(
         "ptx", help="print the PTX of the plan's kernels",
         description="Compile SPEC for an x of --shape/--dtype/--layout and print the PTX of its kernels in launch "
-                    "order (2 for a split schedule), each after a '// normc kernel i/n: entry=..., grid=..., "
+                    "order (2 or 3 for a split schedule), each after a '// normc kernel i/n: entry=..., grid=..., "
                     "block=..., shared=... bytes' line.",
         epilog=_COMMON_EPILOG + """
 examples:

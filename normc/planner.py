@@ -134,7 +134,7 @@ class Plan:
         if self.strategy == "inner":
             return 3 * self.kept * self.splits
         cols = self.grid // self.splits * self.tile  # (kept-outer x tiles) x tile columns
-        return 3 * cols * self.splits + 2 * cols  # partial (n, mean, m2) per split, then a, b per column
+        return 3 * cols * self.splits + 3 * cols  # partial (n, mean, m2) per split, then a, b, c per column
 
     def to_dict(self) -> dict:
         d = asdict(self)

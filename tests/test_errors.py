@@ -1,0 +1,226 @@
+"""Bad input raises normc's own errors (ArgumentError / SpecError, both NormcError), naming the argument.
+
+All checks run before any kernel is launched, so these tests are fast even on the simulator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import normc
+from conftest import make_x
+from normc import ArgumentError, CompileError, NormcError, SpecError
+
+LN = "t d : norm over d ; scale d ; shift d"
+PLAIN = "t d : norm over d"
+GN = "n (g k) h w : norm over k h w ; scale g k ; shift g k"
+
+
+def ones(n, dtype=np.float32):
+    return np.ones(n, dtype)
+
+
+def raises(exc, *words):
+    """pytest.raises(exc) that also checks each of ``words`` appears in the message."""
+
+    class _Ctx:
+        def __enter__(self):
+            self.ctx = pytest.raises(exc)
+            self.info = self.ctx.__enter__()
+            return self.info
+
+        def __exit__(self, *a):
+            handled = self.ctx.__exit__(*a)
+            msg = str(self.info.value)
+            assert isinstance(self.info.value, NormcError)
+            for w in words:
+                assert w in msg, f"{w!r} not in {msg!r}"
+            return handled
+
+    return _Ctx()
+
+
+def test_error_hierarchy():
+    for e in (ArgumentError, SpecError, CompileError):
+        assert issubclass(e, NormcError)
+    assert issubclass(ArgumentError, ValueError) and issubclass(SpecError, ValueError)
+
+
+def test_wrong_rank():
+    f = normc.compile(LN)
+    with raises(ArgumentError, "x", "rank", "3"):
+        f(make_x((2, 3, 8), "float32"), ones(8), ones(8))
+    with raises(ArgumentError, "x", "rank"):
+        f(np.zeros(8, np.float32), ones(8), ones(8))
+
+
+def test_scale_wrong_size():
+    f = normc.compile(LN)
+    with raises(ArgumentError, "scale", "7", "8"):
+        f(make_x((2, 8), "float32"), ones(7), ones(8))
+    with raises(ArgumentError, "shift", "9", "8"):
+        f(make_x((2, 8), "float32"), ones(8), ones(9))
+
+
+def test_group_scale_size_counts_channels():
+    f = normc.compile(normc.spec(GN, g=2))
+    x = make_x((1, 6, 2, 2), "float32")
+    with raises(ArgumentError, "scale", "6"):
+        f(x, ones(2), ones(6))  # one value per group is not enough: scale g k has C = 6
+    f(x, ones(6).reshape(2, 3), ones(6))  # any shape with the right count is accepted
+
+
+def test_missing_scale():
+    f = normc.compile(LN)
+    with raises(ArgumentError, "scale", "required"):
+        f(make_x((2, 8), "float32"))
+    with raises(ArgumentError, "shift", "required"):
+        f(make_x((2, 8), "float32"), ones(8))
+
+
+def test_scale_given_without_step():
+    f = normc.compile(PLAIN)
+    with raises(ArgumentError, "scale"):
+        f(make_x((2, 8), "float32"), ones(8))
+    with raises(ArgumentError, "shift"):
+        f(make_x((2, 8), "float32"), None, ones(8))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.int32, np.bool_, np.complex64])
+def test_unsupported_x_dtype(dtype):
+    f = normc.compile(PLAIN)
+    with raises(ArgumentError, "x", "dtype", np.dtype(dtype).name):
+        f(np.zeros((2, 8), dtype))
+
+
+def test_unsupported_param_dtype():
+    f = normc.compile(LN)
+    with raises(ArgumentError, "scale", "dtype", "float64"):
+        f(make_x((2, 8), "float32"), np.ones(8), ones(8))
+
+
+def test_non_contiguous_scale():
+    f = normc.compile(LN)
+    with raises(ArgumentError, "scale", "contiguous"):
+        f(make_x((2, 8), "float32"), ones(16)[::2], ones(8))
+
+
+@pytest.mark.parametrize("bad", [[[1.0, 2.0], [3.0, 4.0]], 3.0, "x", None, {"a": 1}], ids=str)
+def test_non_array_x(bad):
+    f = normc.compile(PLAIN)
+    with raises(ArgumentError, "x"):
+        f(bad)
+
+
+def test_non_array_scale():
+    f = normc.compile(LN)
+    with raises(ArgumentError, "scale"):
+        f(make_x((2, 8), "float32"), [1.0] * 8, ones(8))
+
+
+def test_out_wrong_shape():
+    f = normc.compile(PLAIN)
+    x = make_x((2, 8), "float32")
+    with raises(ArgumentError, "out", "shape"):
+        f(x, out=np.empty((2, 9), np.float32))
+    with raises(ArgumentError, "out", "shape"):
+        f(x, out=np.empty((8, 2), np.float32))
+
+
+def test_out_wrong_dtype():
+    x = make_x((2, 8), "float32")
+    with raises(ArgumentError, "out", "dtype"):
+        normc.compile(PLAIN)(x, out=np.empty((2, 8), np.float64))
+    with raises(ArgumentError, "out", "dtype", "float16"):
+        normc.compile(PLAIN, out_dtype="float16")(x, out=np.empty((2, 8), np.float32))
+
+
+def test_out_not_an_array():
+    with raises(ArgumentError, "out"):
+        normc.compile(PLAIN)(make_x((2, 8), "float32"), out=[[0.0] * 8] * 2)
+
+
+def test_out_partially_overlapping_x():
+    buf = np.zeros((3, 9), np.float32)
+    x, out = buf[:, :-1], buf[:, 1:]
+    with raises(ArgumentError, "out", "overlap"):
+        normc.compile(PLAIN)(x, out=out)
+
+
+def test_out_aliasing_x_with_other_strides():
+    buf = np.zeros(16, np.float32)
+    x = buf.reshape(2, 8)
+    out = buf.reshape(8, 2).T  # same first element and shape (2, 8), other strides
+    with raises(ArgumentError, "out"):
+        normc.compile(PLAIN)(x, out=out)
+
+
+def test_out_overlapping_itself():
+    out = np.broadcast_to(np.zeros(8, np.float32), (2, 8))
+    with raises(ArgumentError, "out", "overlap"):
+        normc.compile(PLAIN)(make_x((2, 8), "float32"), out=out)
+
+
+def test_spec_text_error():
+    with raises(SpecError):
+        normc.compile("t d : norm over q")
+    with raises(SpecError):
+        normc.compile("t d norm over d")
+    with raises(SpecError):
+        normc.spec("t d : norm over d", eps=-1.0)
+
+
+def test_spec_wrong_type():
+    with raises(ArgumentError, "spec"):
+        normc.compile(42)
+
+
+def test_group_split_not_dividing():
+    f = normc.compile(normc.spec(GN, g=4))
+    with raises(ArgumentError, "6", "g=4"):
+        f(make_x((1, 6, 2, 2), "float32"), ones(6), ones(6))
+
+
+@pytest.mark.parametrize("bad", ["fast", "Looped", 1, ""])
+def test_bad_schedule(bad):
+    with raises(ArgumentError, "schedule"):
+        normc.compile(PLAIN, schedule=bad)
+
+
+@pytest.mark.parametrize("bad", ["float64", "int8", "half"])
+def test_bad_out_dtype(bad):
+    with raises(ArgumentError, "out_dtype"):
+        normc.compile(PLAIN, out_dtype=bad)
+
+
+def test_bad_stream_type_is_ignored_or_argument_error():
+    # the simulator ignores streams; a nonsense stream must never surface as a non-normc error
+    try:
+        normc.compile(PLAIN)(make_x((1, 4), "float32"), stream=object())
+    except NormcError:
+        pass
+
+
+def test_negative_strides_on_simulator():
+    # The GPU path lays axes out by |stride|; the simulator's flat views cannot index below element 0.
+    f = normc.compile(PLAIN)
+    x = make_x((2, 8), "float32")[:, ::-1]
+    with raises(ArgumentError, "x", "negative"):
+        f(x)
+
+
+def test_errors_leave_no_partial_entry():
+    f = normc.compile(LN)
+    with pytest.raises(ArgumentError):
+        f(make_x((2, 8), "float32"), ones(7), ones(8))
+    assert f._table == {}
+
+
+def test_plan_errors():
+    with raises(ArgumentError, "layout"):
+        normc.plan("n c h w : norm over h w", (1, 2, 3, 4), layout="n h c")
+    with raises(ArgumentError, "arch"):
+        normc.plan("t d : norm over d", (2, 8), arch="gfx90a")
+    with raises(ArgumentError, "dtype"):
+        normc.plan("t d : norm over d", (2, 8), dtype="float64")
