@@ -55,8 +55,15 @@ LOOP_UNROLL = 4
 # One warp access should touch >= 128 contiguous bytes (quack coalescing notes, design/anchors.md); with
 # 16-byte vectors a 256-byte run feeds 16 lanes.
 MIXED_MAX_RUN_BYTES = 256
-# Split a reduction over CTAs when fewer than this many waves of CTAs would run otherwise.
+# Split a reduction over CTAs when fewer than this many waves of CTAs would run otherwise (outer).
 MIN_WAVES = 2
+# Inner rows too long for registers: one streaming CTA per row once there is a row per SM; below that, split.
+# Measured on the H200 (tests/gpu_anchors.py --schedules): 256 rows x 25,088 (group norm NCHW) 30.8 us looped
+# vs 54.2 us split; 100 rows x 1M 456 us looped vs 396 us split; 32 rows x 409,600 152 us vs 79 us.
+INNER_LOOPED_MIN_ROWS_PER_SM = 1
+# Mixed (NHWC group norm) split: the second kernel merges splits x tile partials in one CTA per tile, so
+# bound their product. Measured: 8 x 1280 x 16 x 16 with 64 splits 156 us vs 4 splits 76 us.
+MIXED_MAX_SPLIT_PARTIALS = 32768
 # Streaming CTAs per SM that the split schedule aims for (4 x 512 threads = one full SM).
 SPLIT_CTAS_PER_SM = 4
 # Default multiprocessor count when planning without a GPU: H100/H200 SXM have 132 SMs.
@@ -336,16 +343,16 @@ def _plan_inner(p, common, dbytes, unit, why, force=None):
         if schedule is None:
             tpr = STREAM_THREADS
             per = LOOP_UNROLL
-            if K >= MIN_WAVES * sms:
+            if K >= INNER_LOOPED_MIN_ROWS_PER_SM * sms:
                 schedule = "looped"
                 why.append(
                     f"row of {p.reduced} exceeds the registers of a {MAX_PERSISTENT_THREADS}-thread CTA; "
-                    f"{K} rows >= {MIN_WAVES} x {sms} SMs: one CTA per row, Welford loop then re-read"
+                    f"{K} rows >= {sms} SMs: one CTA per row, Welford loop then re-read"
                 )
             else:
                 schedule = "split"
                 why.append(
-                    f"only {K} rows (< {MIN_WAVES} x {sms} SMs) of {p.reduced}: split each row over CTAs, "
+                    f"only {K} rows (< {sms} SMs) of {p.reduced}: split each row over CTAs, "
                     f"partial Welford to a workspace, merge and normalize in a second kernel"
                 )
     if force in ("looped", "split") and force != schedule:
@@ -428,6 +435,8 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None):
     else:
         want = -(-SPLIT_CTAS_PER_SM * sms * STREAM_THREADS // (threads * base))
         max_splits = max(1, rows // (ry * LOOP_UNROLL))
+        if strategy == "mixed":
+            max_splits = min(max_splits, max(4, MIXED_MAX_SPLIT_PARTIALS // tile))
         splits = max(1, min(want, max_splits))
         schedule, per = ("split" if splits > 1 else "looped"), LOOP_UNROLL
         why.append(

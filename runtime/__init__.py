@@ -140,6 +140,7 @@ class Compiled:
         self.arch = arch
         self.schedule = schedule
         self._table = {}
+        self._fast = {}
         self._lock = threading.Lock()
 
     def __repr__(self):
@@ -147,6 +148,15 @@ class Compiled:
 
     # ------------------------------------------------------------------------------------------------
     def __call__(self, x, scale=None, shift=None, *, out=None, stream=None, return_stats=False):
+        tt = _torch_tensor_type()
+        fk = None
+        if type(x) is tt and out is None and stream is None and not return_stats:
+            # Hot path for torch tensors: one dict probe on attributes torch reads in C, then allocate and
+            # launch. Everything else (validation, planning, compiling) happened when the key was first seen.
+            fk = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, _tkey(scale, tt), _tkey(shift, tt))
+            fast = self._fast.get(fk)
+            if fast is not None:
+                return fast(x, scale, shift)
         xi = describe(x, "x")
         si = None if scale is None else describe(scale, "scale")
         hi = None if shift is None else describe(shift, "shift")
@@ -190,6 +200,8 @@ class Compiled:
             s = gpu.stream_of(_stream_handle(stream, xi))
             for k in entry.kernels:
                 k(s, *ptrs)
+            if fk is not None and fk[5] is not False and fk[6] is not False:
+                self._fast[fk] = _torch_fast_path(entry, xi.device)
         elif math.prod(xi.shape) > 0:
             from .simulate import run
 
@@ -296,6 +308,65 @@ class Compiled:
         kernels = [gpu.Loaded(k["ptx"], k.get("cubin"), k["entry"], k["grid"], k["block"])
                    for k in compiled_kernels(plan, cc)]
         return _Entry(plan, kernels, xi.shape, out_strides, out_dtype, stat_shape, False)
+
+
+_tensor_type = None
+
+
+def _torch_tensor_type():
+    """``torch.Tensor`` if torch is already imported (never imports it), else a type nothing is."""
+    global _tensor_type
+    if _tensor_type is None:
+        import sys
+
+        mod = sys.modules.get("torch")
+        if mod is None:
+            return type(None)  # torch not imported yet: no tensor can be passed; look again next call
+        _tensor_type = mod.Tensor
+    return _tensor_type
+
+
+def _tkey(t, tt):
+    """Fast-path key part of an affine tensor; False when it is not a torch tensor (no fast path)."""
+    if t is None:
+        return None
+    if type(t) is not tt:
+        return False
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
+
+
+def _torch_fast_path(entry, device):
+    """A closure that allocates y and launches ``entry``'s kernels for torch tensors, with nothing else."""
+    import torch
+
+    from . import gpu
+
+    shape, strides = tuple(entry.out_shape), tuple(entry.out_strides)
+    dtype = getattr(torch, entry.out_dtype)
+    dev = torch.device("cuda", device)
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw_stream is None:
+        def raw_stream(d):
+            return torch.cuda.current_stream(d).cuda_stream
+    empty_strided = torch.empty_strided
+    f32 = torch.float32
+    nws = entry.ws
+    launches = [(k.config, k.kernel) for k in entry.kernels]
+    launch, stream_of, set_device = gpu.launch, gpu.stream_of, gpu.set_device
+
+    def fast(x, scale, shift):
+        y = empty_strided(shape, strides, dtype=dtype, device=dev)
+        ws = empty_strided((nws,), (1,), dtype=f32, device=dev).data_ptr() if nws else 0
+        set_device(device)
+        s = stream_of(raw_stream(device))
+        sp = 0 if scale is None else scale.data_ptr()
+        hp = 0 if shift is None else shift.data_ptr()
+        xp, yp = x.data_ptr(), y.data_ptr()
+        for config, kernel in launches:
+            launch(s, config, kernel, xp, yp, sp, hp, 0, 0, ws)
+        return y
+
+    return fast
 
 
 def _isz(dtype):

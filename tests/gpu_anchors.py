@@ -135,13 +135,43 @@ def run_row(i, row, bw, timing=True):
     return res
 
 
+def compare_schedules(i, row):
+    """Time each schedule the planner can be forced into for one row (for tuning the planner)."""
+    import torch
+    from triton.testing import do_bench
+
+    import normc
+
+    s, x, sc, sh = make_inputs(row, seed=i)
+    yr = None
+    out = []
+    for sched in (None, "looped", "split"):
+        f = normc.compile(s, schedule=sched)
+        y = f(x, sc, sh)
+        if yr is None:
+            yr = y.double()
+        err = ((y.double() - yr).abs().max() / yr.abs().max().clamp_min(1e-30)).item()
+        plan = next(iter(f._table.values())).plan
+        ms = do_bench(lambda: f(x, sc, sh), warmup=25, rep=100, return_mode="median")
+        out.append(f"{plan.schedule}(s={plan.splits}) {ms * 1e3:.1f}us d={err:.0e}")
+    torch.cuda.empty_cache()
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default=None, help="comma-separated row indices (default: all)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--schedules", default=None, help="comma-separated rows: time every schedule, then exit")
     a = ap.parse_args(argv)
     rows = anchors()
+    if a.schedules:
+        for i in (int(t) for t in a.schedules.split(",")):
+            r = rows[i]
+            print(f"{i:3d} {r['family']:8s} {str(r['shape']):24s} {r['dtype']:8s} {r['memory_order']:10s} "
+                  + " | ".join(compare_schedules(i, r)), flush=True)
+        return 0
     idx = [int(t) for t in a.rows.split(",")] if a.rows else range(len(rows))
     bw = copy_bandwidth()
     print(f"copy bandwidth: {bw / 1e12:.2f} TB/s (read + write)")

@@ -1,0 +1,56 @@
+"""Host overhead of one eager normc call from Python, split into its parts (run on a GPU machine).
+
+    python tests/gpu_overhead.py
+
+Prints the median wall time per call (no synchronization) of: a full normc call on torch tensors (the cached
+fast path: allocate y, launch), torch.empty_strided alone, cuda.core's launch alone, and
+torch.nn.functional.layer_norm for comparison.
+"""
+
+import time
+
+
+def per_call(fn, n=2000, reps=5):
+    best = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        best.append((time.perf_counter() - t0) / n * 1e6)
+    best.sort()
+    return best[len(best) // 2]
+
+
+def main():
+    import torch
+
+    import normc
+    from normc.runtime import gpu
+
+    x = torch.randn(256, 1024, device="cuda")
+    w = torch.randn(1024, device="cuda")
+    b = torch.randn(1024, device="cuda")
+    f = normc.compile(normc.layer_norm())
+    f(x, w, b)
+    f(x, w, b)
+    torch.cuda.synchronize()
+    (entry,) = f._table.values()
+    k = entry.kernels[0]
+    s = gpu.stream_of(torch.cuda.current_stream().cuda_stream)
+    y = torch.empty_like(x)
+    rows = {
+        "normc call (torch in/out)": lambda: f(x, w, b),
+        "normc call, return_stats": lambda: f(x, w, b, return_stats=True),
+        "torch.empty_strided": lambda: torch.empty_strided((256, 1024), (1024, 1), dtype=torch.float32, device="cuda"),
+        "cuda.core launch only": lambda: gpu.launch(s, k.config, k.kernel, x.data_ptr(), y.data_ptr(), w.data_ptr(),
+                                                    b.data_ptr(), 0, 0, 0),
+        "torch layer_norm": lambda: torch.nn.functional.layer_norm(x, (1024,), w, b),
+    }
+    for name, fn in rows.items():
+        us = per_call(fn)
+        torch.cuda.synchronize()
+        print(f"{name:28s} {us:6.2f} us/call")
+
+
+if __name__ == "__main__":
+    main()
