@@ -1,0 +1,106 @@
+"""The on-disk kernel cache: round trip, corruption detection, unwritable directories, concurrent writers,
+and version keys. No GPU needed (nvJitLink and NVVM run on the CPU)."""
+
+import json
+import multiprocessing as mp
+import os
+import warnings
+
+import pytest
+
+import normc
+from normc.runtime import cache
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    d = tmp_path / "normc-cache"
+    monkeypatch.setenv("NORMC_CACHE_DIR", str(d))
+    return d
+
+
+PAYLOAD = {"kernels": [{"ptx": ".version 9.0\n", "cubin": b"\x7fELF\x00\x01", "entry": "k", "grid": 3,
+                        "block": 128, "shared_bytes": 0}]}
+
+
+def test_round_trip(cache_dir):
+    assert cache.load("abc") is None
+    assert cache.store("abc", PAYLOAD)
+    got = cache.load("abc")
+    assert got["kernels"][0]["cubin"] == b"\x7fELF\x00\x01"
+    assert got["kernels"][0]["grid"] == 3
+    assert [p.name for p in cache_dir.iterdir()] == ["abc.json"]  # no temporary files left behind
+
+
+def test_truncated_or_tampered_file_is_not_loaded(cache_dir):
+    cache.store("k1", PAYLOAD)
+    path = cache_dir / "k1.json"
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])
+    assert cache.load("k1") is None
+    doc = json.loads(text)
+    doc["payload"]["kernels"][0]["grid"] = 4  # valid JSON, wrong checksum
+    path.write_text(json.dumps(doc))
+    assert cache.load("k1") is None
+    cache.store("k1", PAYLOAD)  # rebuilt entry replaces the bad one
+    assert cache.load("k1")["kernels"][0]["grid"] == 3
+
+
+def test_unwritable_directory_falls_back_with_one_warning(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("NORMC_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setattr(cache, "_warned", False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert cache.store("x", PAYLOAD) is False
+        assert cache.store("y", PAYLOAD) is False
+    msgs = [str(x.message) for x in w if "kernel cache" in str(x.message)]
+    assert len(msgs) == 1 and "memory only" in msgs[0]
+    assert cache.load("x") is None
+
+
+def _writer(args):
+    d, n = args
+    os.environ["NORMC_CACHE_DIR"] = d
+    ok = 0
+    for _ in range(n):
+        ok += cache.store("same-key", PAYLOAD)
+        got = cache.load("same-key")
+        assert got is None or got["kernels"][0]["grid"] == 3
+    return ok
+
+
+def test_concurrent_writers_leave_one_valid_entry(cache_dir):
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(2) as pool:
+        oks = pool.map(_writer, [(str(cache_dir), 25)] * 2)
+    assert oks == [25, 25]
+    assert sorted(p.name for p in cache_dir.iterdir()) == ["same-key.json"]
+    assert cache.load("same-key")["kernels"][0]["entry"] == "k"
+
+
+def test_compiled_kernels_hit_disk_and_key_on_versions(cache_dir, monkeypatch):
+    import normc.runtime as rt
+
+    plan = normc.plan(normc.layer_norm(), (64, 256), "float32")
+    monkeypatch.setattr(rt, "_kernel_memo", {})
+    first = rt.compiled_kernels(plan, (9, 0))
+    assert len(list(cache_dir.iterdir())) == 1
+    assert ".visible .entry" in first[0]["ptx"] and first[0]["cubin"]
+    # a new process: empty memo, and NVVM must not run again
+    monkeypatch.setattr(rt, "_kernel_memo", {})
+    import normc.lowering as lowering
+
+    def boom(*a, **k):
+        raise AssertionError("recompiled despite a disk-cache hit")
+
+    monkeypatch.setattr(lowering, "lower", boom)
+    again = rt.compiled_kernels(plan, (9, 0))
+    assert again[0]["ptx"] == first[0]["ptx"] and again[0]["cubin"] == first[0]["cubin"]
+    # another NVVM (or driver, or normc) version is another key: a miss, not a stale kernel
+    v = rt.versions()
+    monkeypatch.setattr(rt, "versions", lambda: {**v, "nvvm": "0.0"})
+    monkeypatch.setattr(rt, "_kernel_memo", {})
+    with pytest.raises(AssertionError, match="recompiled"):
+        rt.compiled_kernels(plan, (9, 0))
