@@ -156,6 +156,27 @@ class _Kernel:
         return (_ptr_type(p.x_dtype), _ptr_type(p.out_dtype), _ptr_type(p.scale_dtype),
                 _ptr_type(p.shift_dtype), "float32", "float32", "float32")
 
+    def acc_init(self, g):
+        """Zero the per-thread accumulators: a shared count and V (mean, M2) pairs."""
+        g("cnt = F32(0.0)")
+        for j in range(self.V):
+            g(f"wm{j} = F32(0.0)")
+            g(f"wq{j} = F32(0.0)")
+
+    def acc_update(self, g, names, rms=False):
+        """One Welford step of the V accumulators with V new values (one reciprocal for all of them);
+        for rms only the sums of squares (in wq) are kept."""
+        g("cnt += F32(1.0)")
+        if rms:
+            for j, nm in enumerate(names):
+                g(f"wq{j} = wq{j} + {nm} * {nm}")
+            return
+        g("rc = F32(1.0) / cnt")
+        for j, nm in enumerate(names):
+            g(f"dd = {nm} - wm{j}")
+            g(f"wm{j} = wm{j} + dd * rc")
+            g(f"wq{j} = wq{j} + dd * ({nm} - wm{j})")
+
     def smem(self, g, name, n):
         g.decls.append(f"{name} = cuda.shared.array({n}, F32T)")
         self.shared += 4 * n
@@ -425,10 +446,7 @@ class _Inner(_Kernel):
     def _welford_loop(self, g, lo, hi, TPR):
         """Per-thread Welford over vectors [lo, hi) of the row, LOOP vectors per trip; V accumulators."""
         V, U = self.V, self.p.per_thread
-        g("cnt = F32(0.0)")
-        for j in range(V):
-            g(f"wm{j} = F32(0.0)")
-            g(f"wq{j} = F32(0.0)")
+        self.acc_init(g)
         with g.block(f"for base in range({lo} + lane, {hi}, {TPR * U}):"):
             items = []
             for u in range(U):
@@ -444,12 +462,7 @@ class _Inner(_Kernel):
                 items.append((ok, names))
             for ok, names in items:
                 with g.block(f"if {ok}:"):
-                    g("cnt += F32(1.0)")
-                    g("rc = F32(1.0) / cnt")
-                    for j, nm in enumerate(names):
-                        g(f"dd = {nm} - wm{j}")
-                        g(f"wm{j} = wm{j} + dd * rc")
-                        g(f"wq{j} = wq{j} + dd * ({nm} - wm{j})")
+                    self.acc_update(g, names)
         # merge the V lane accumulators (each has count cnt)
         g("n = cnt")
         g("mean = wm0")
@@ -662,10 +675,7 @@ class _Outer(_Kernel):
                         g(f"wq{j} = wq{j} + {names[j]} * {names[j]}")
             return
         U = p.per_thread
-        g("cnt = F32(0.0)")
-        for j in range(V):
-            g(f"wm{j} = F32(0.0)")
-            g(f"wq{j} = F32(0.0)")
+        self.acc_init(g)
         with g.block(f"for base in range(r0 + ry, r1, {p.ry * U}):"):
             items = []
             for u in range(U):
@@ -681,16 +691,7 @@ class _Outer(_Kernel):
                 items.append((f"act and {r} < r1", names))
             for ok, names in items:
                 with g.block(f"if {ok}:"):
-                    g("cnt += F32(1.0)")
-                    if p.stat == "norm":
-                        g("rc = F32(1.0) / cnt")
-                        for j, nm in enumerate(names):
-                            g(f"dd = {nm} - wm{j}")
-                            g(f"wm{j} = wm{j} + dd * rc")
-                            g(f"wq{j} = wq{j} + dd * ({nm} - wm{j})")
-                    else:
-                        for j, nm in enumerate(names):
-                            g(f"wq{j} = wq{j} + {nm} * {nm}")
+                    self.acc_update(g, names, rms=p.stat == "rms")
 
     def emit_cta_combine(self, g):
         """Merge the y-threads' partials per column; thread lc < tile ends with column stats (n, mean, m2)."""
@@ -877,10 +878,7 @@ class _Outer(_Kernel):
         self.shared = 0
         g = _Src()
         self.setup(g, "normc_outer_stats", splits=1)
-        g("cnt = F32(0.0)")
-        for j in range(V):
-            g(f"wm{j} = F32(0.0)")
-            g(f"wq{j} = F32(0.0)")
+        self.acc_init(g)
         with g.block("if cok:"):
             with g.block(f"for k in range(ry, {S}, {p.ry}):"):
                 g(f"wi = ((t2 * {T} + cx * {V}) * {S} + k) * 3")
@@ -925,7 +923,9 @@ class _Outer(_Kernel):
 
 
 def generate(plan) -> list[KernelSource]:
-    """Python sources of the kernels for ``plan``, in launch order (1 kernel, or 2 for split schedules)."""
+    """Python sources of the kernels for ``plan``, in launch order: 1 kernel; for split schedules 2 (inner:
+    partial statistics, merge + normalize) or 3 (outer/mixed: partial statistics, merge per column tile,
+    normalize)."""
     if plan.strategy == "inner":
         k = _Inner(plan)
         if plan.schedule == "persistent":

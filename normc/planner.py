@@ -17,7 +17,8 @@ Decision tree (``docs/planner.md`` explains it at length; the constants below ca
     - ``looped``: one CTA (or sub-warp) per reduction, Welford over a loop, then a second pass that re-reads x
       (mostly from L2).
     - ``split``: too few reductions to fill the GPU: each reduction is spread over ``splits`` CTAs; kernel 1
-      writes partial Welford statistics to a float32 workspace, kernel 2 merges them (Chan) and normalizes.
+      writes partial Welford statistics to a float32 workspace; then (inner) kernel 2 merges them (Chan) and
+      normalizes, or (outer/mixed) kernel 2 merges them once per column tile and kernel 3 normalizes.
 * **tiling**: vector width from alignment and extents (never from the dtype alone), threads per row,
   rows per CTA, values per thread.
 """

@@ -313,6 +313,10 @@ class Compiled:
 _tensor_type = None
 
 
+class _NoTensor:
+    """Stands for torch.Tensor before torch is imported: no argument is ever of this type."""
+
+
 def _torch_tensor_type():
     """``torch.Tensor`` if torch is already imported (never imports it), else a type nothing is."""
     global _tensor_type
@@ -321,7 +325,7 @@ def _torch_tensor_type():
 
         mod = sys.modules.get("torch")
         if mod is None:
-            return type(None)  # torch not imported yet: no tensor can be passed; look again next call
+            return _NoTensor  # torch not imported yet: no tensor can be passed; look again next call
         _tensor_type = mod.Tensor
     return _tensor_type
 

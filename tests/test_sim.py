@@ -417,3 +417,26 @@ def test_property_against_reference(prob):
     check_y(y, ry, dtype, atol=fold_atol(x, rr, sc))
     check_stats(mean, rstd, rm, rr)
     assert plan.strategy in ("inner", "outer", "mixed")
+
+
+@pytest.mark.parametrize("layout", ["inner", "outer"])
+def test_nan_stays_in_its_row(layout):
+    """A NaN makes its own reduction NaN, like the reference, and leaves every other one finite."""
+    rng = np.random.default_rng(21)
+    if layout == "inner":
+        spec = normc.spec(LN)
+        x = make_x((3, 8), "float32", rng=rng)
+        x[1, 5] = np.nan
+        bad = (slice(1, 2), slice(None))
+    else:
+        spec = normc.spec(IN2)
+        x = make_x((2, 3, 2, 2), "float32", perm=NHWC, rng=rng)
+        x[1, 2, 0, 1] = np.nan
+        bad = (slice(1, 2), slice(2, 3))
+    sc, sh = _params(spec, x.shape, "float32", rng)
+    y, mean, rstd = normc.compile(spec)(x, sc, sh, return_stats=True)
+    ry, rm, rr = reference(spec, x, sc, sh)
+    nan_y = np.isnan(y)
+    assert np.array_equal(nan_y, np.isnan(ry))
+    assert nan_y[bad].all() and np.isnan(mean[bad[:mean.ndim]]).all()
+    np.testing.assert_allclose(y[~nan_y], ry[~nan_y], rtol=0, atol=2e-5 * max(1.0, np.nanmax(np.abs(ry))))
