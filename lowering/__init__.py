@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..errors import CompileError
 from .codegen import KernelSource, generate
 
-__all__ = ["LoweredKernel", "lower", "assemble", "ResourceUsage", "generate", "KernelSource", "arch_cc"]
+__all__ = ["LoweredKernel", "lower", "assemble", "link", "ResourceUsage", "generate", "KernelSource", "arch_cc"]
 
 
 @dataclass(frozen=True)
@@ -137,3 +137,19 @@ def assemble(ptx: str, arch="sm_90"):
         log=log,
     )
     return bytes(cubin.code), usage
+
+
+def link(ptxs, arch="sm_90") -> bytes:
+    """Link one or more PTX modules (e.g. the kernels of a split plan) into a single cubin with nvJitLink.
+
+    Raises:
+        CompileError: nvJitLink failed (message carries its reason).
+    """
+    from cuda.core import Linker, LinkerOptions, ObjectCode
+
+    cc = arch_cc(arch)
+    try:
+        objs = [ObjectCode.from_ptx(p.encode()) for p in ptxs]
+        return bytes(Linker(*objs, options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}")).link("cubin").code)
+    except Exception as e:
+        raise CompileError(f"linking PTX for sm_{cc[0]}{cc[1]} failed: {e}") from e

@@ -135,17 +135,73 @@ def ptx_text(kernels) -> str:
 
 
 def _cmd_plan(args) -> int:
+    from .planner import rejected
+
     plan = _plan_from_args(args)
     text = plan.to_json() if args.json else plan.describe()
+    if args.explain and not args.json:
+        text += "\n" + "\n".join(f"rejected: {r}" for r in rejected(plan))
     _emit(text + "\n", args.output)
     return 0
 
 
 def _cmd_ptx(args) -> int:
-    from .lowering import lower
+    from .lowering import assemble, link, lower
 
     plan = _plan_from_args(args)
-    _emit(ptx_text(lower(plan)), args.output)
+    kernels = lower(plan)
+    if args.resource_usage:
+        for i, k in enumerate(kernels, 1):
+            u = assemble(k.ptx, plan.arch)[1]
+            print(f"kernel {i}/{len(kernels)} {k.entry[:48]}: {u.registers} registers/thread, "
+                  f"{k.shared_bytes} B shared, {u.stack} B stack, {u.spill_stores} B spill stores, "
+                  f"{u.spill_loads} B spill loads, grid {k.grid} x block {k.block}", file=sys.stderr)
+    if args.cubin:
+        if args.output is None:
+            raise _UsageError("--cubin writes binary: give the file with -o FILE")
+        data = link([k.ptx for k in kernels], plan.arch)
+        try:
+            with open(args.output, "wb") as f:
+                f.write(data)
+        except OSError as e:
+            raise _UsageError(f"cannot write {args.output}: {e.strerror or e}") from None
+        return 0
+    _emit(ptx_text(kernels), args.output)
+    return 0
+
+
+def _cmd_cache(args) -> int:
+    import json
+
+    from .runtime import cache
+
+    d = cache.cache_dir()
+    files = sorted(f for f in os.listdir(d) if f.endswith(".json")) if os.path.isdir(d) else []
+    if args.action == "dir":
+        print(d)
+        return 0
+    if args.action == "clear":
+        n = 0
+        for f in os.listdir(d) if os.path.isdir(d) else []:
+            if f.endswith(".json"):
+                try:
+                    os.unlink(os.path.join(d, f))
+                    n += 1
+                except OSError as e:
+                    raise _UsageError(f"cannot remove {os.path.join(d, f)}: {e.strerror or e}") from None
+        print(f"removed {n} cached kernel set(s) from {d}")
+        return 0
+    print(f"{d}: {len(files)} cached kernel set(s)")
+    for f in files:
+        path = os.path.join(d, f)
+        try:
+            with open(path) as fh:
+                payload = json.load(fh).get("payload", {})
+        except (OSError, ValueError):
+            payload = {}
+        info = payload.get("summary", "(no summary)")
+        size = os.path.getsize(path)
+        print(f"  {f[:16]}  {size / 1024:8.1f} KiB  {len(payload.get('kernels', []))} kernel(s)  {info}")
     return 0
 
 
@@ -194,6 +250,8 @@ examples:
     )
     _add_common(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.to_json) instead of text")
+    p.add_argument("--explain", action="store_true", help="also say why each other strategy and schedule was "
+                   "rejected")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser(
@@ -209,7 +267,21 @@ examples:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_common(p)
+    p.add_argument("--cubin", action="store_true", help="write one cubin (all kernels linked by nvJitLink for "
+                   "--arch) to the -o FILE instead of PTX")
+    p.add_argument("--resource-usage", action="store_true", help="report registers, shared memory, stack and "
+                   "spills of each kernel (ptxas through nvJitLink) on stderr")
     p.set_defaults(func=_cmd_ptx)
+
+    p = sub.add_parser(
+        "cache", help="list or clear the on-disk kernel cache",
+        description="The on-disk kernel cache ($NORMC_CACHE_DIR, else the user cache directory): list its "
+                    "entries, clear it, or print its directory.",
+        epilog="examples:\n  normc cache list\n  normc cache clear\n  NORMC_CACHE_DIR=/tmp/k normc cache dir\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("action", choices=("list", "clear", "dir"), nargs="?", default="list")
+    p.set_defaults(func=_cmd_cache)
     return parser
 
 

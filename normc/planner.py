@@ -454,3 +454,62 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None):
         threads=threads, tpr=0, rows_per_cta=0, nxc=nxc, ry=ry, tile=tile, group=group,
         per_thread=per, splits=splits, grid=base * splits, why=tuple(why), **common,
     )
+
+
+def rejected(plan: Plan) -> list:
+    """Why each strategy and schedule the planner did not pick was rejected, one line each.
+
+    Derived from the plan's canonical axes and the same constants :func:`make_plan` uses, so it explains
+    the decision without re-running it. Used by ``normc plan --explain``.
+    """
+    out = []
+    axes = plan.axes
+    inner = axes[-1]
+    isz = ITEMSIZE[plan.x_dtype]
+    run = inner.size * isz
+    # strategies
+    if plan.strategy != "inner":
+        if not inner.reduced:
+            out.append("inner: the innermost axis is kept, so lanes along the reduction would each "
+                       f"step by {axes[-2].x if len(axes) > 1 else 1} elements (no coalescing)")
+        else:
+            out.append(f"inner: the innermost reduced run is only {run} B (< {MIXED_MAX_RUN_BYTES} B); "
+                       "a warp along it would touch many short, separate segments")
+    if plan.strategy != "outer":
+        out.append("outer: the innermost axis is reduced; outer needs a kept axis innermost")
+    if plan.strategy != "mixed":
+        if not inner.reduced:
+            why = "the innermost axis is kept (outer covers it)"
+        elif inner.x != 1 or inner.out != 1:
+            why = "the innermost axis is not contiguous"
+        elif run >= MIXED_MAX_RUN_BYTES:
+            why = f"the innermost reduced run is {run} B, long enough to coalesce along (>= {MIXED_MAX_RUN_BYTES} B)"
+        elif len(axes) < 3 or axes[-2].reduced or not any(a.reduced for a in axes[:-2]):
+            why = "there is no contiguous kept axis around the run with more reduction axes outside it"
+        else:
+            why = "the (kept x reduced) block is wider than one CTA can cover"
+        out.append(f"mixed: {why}")
+    # schedules
+    if plan.schedule != "persistent":
+        if plan.strategy == "inner":
+            need = -(-plan.reduced // (MAX_PERSISTENT_THREADS * plan.vec)) * plan.vec
+            out.append(f"persistent: a row needs {need} values per thread even with "
+                       f"{MAX_PERSISTENT_THREADS} threads (limit {2 * MAX_VALUES_PER_THREAD})")
+        else:
+            rows = plan.reduced // (plan.group if plan.strategy == "mixed" else 1)
+            need = -(-rows // plan.ry) * plan.vec
+            out.append(f"persistent: {rows} rows over {plan.ry} y-threads need {need} values per thread "
+                       f"(limit {MAX_VALUES_PER_THREAD}); clusters are not used yet")
+    if plan.schedule != "looped":
+        if plan.schedule == "persistent":
+            out.append("looped: it reads x twice; the persistent schedule reads it once")
+        else:
+            n = plan.kept if plan.strategy == "inner" else plan.grid // plan.splits
+            out.append(f"looped: only {n} CTAs (one per {'row' if plan.strategy == 'inner' else 'column tile'})"
+                       f" for {plan.sms} SMs")
+    if plan.schedule != "split":
+        if plan.schedule == "persistent":
+            out.append("split: the reduction fits one CTA's registers (x read once, one kernel)")
+        else:
+            out.append(f"split: {plan.grid} CTAs already cover {plan.sms} SMs; splitting would add kernels")
+    return out

@@ -426,7 +426,9 @@ def compiled_kernels(plan, cc) -> list:
         for k in lower(plan, arch=cc):
             kernels.append({"ptx": k.ptx, "cubin": gpu.link_cubin(k.ptx, cc), "entry": k.entry,
                             "grid": k.grid, "block": k.block, "shared_bytes": k.shared_bytes})
-        payload = {"kernels": kernels}
+        summary = (f"{plan.strategy}/{plan.schedule} {plan.kept}x{plan.reduced} {plan.x_dtype} stat={plan.stat} "
+                   f"vec={plan.vec} sm_{cc[0]}{cc[1]}")
+        payload = {"kernels": kernels, "summary": summary}
         cache.store(key, payload)
     with _memo_lock:
         _kernel_memo[key] = payload["kernels"]

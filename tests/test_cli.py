@@ -162,3 +162,41 @@ def test_module_entry_point_bad_spec():
     assert r.returncode == 2
     assert r.stdout == ""
     _one_error_line(r.stderr)
+
+
+def test_plan_explain_names_each_rejected_alternative(capsys):
+    code = main(["plan", IN_SPEC, "--shape", "256,128,28,28", "--layout", "n h w c", "--dtype", "float16",
+                 "--explain"])
+    out = capsys.readouterr().out
+    assert code == 0
+    rej = [ln for ln in out.splitlines() if ln.startswith("rejected: ")]
+    names = {ln.split(":")[1].strip() for ln in rej}
+    assert names == {"inner", "mixed", "persistent", "split"}  # chosen: outer / looped
+    assert "strategy: outer / looped" in out
+
+
+def test_ptx_cubin_and_resource_usage(tmp_path, capsys):
+    out = tmp_path / "k.cubin"
+    code = main(["ptx", IN_SPEC, "--shape", "64,16,8,8", "--layout", "n h w c", "--cubin", "--resource-usage",
+                 "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert out.read_bytes()[:4] == b"\x7fELF"
+    lines = [ln for ln in err.splitlines() if ln.startswith("kernel ")]
+    assert lines and all("0 B spill stores" in ln and "registers/thread" in ln for ln in lines)
+    assert main(["ptx", IN_SPEC, "--shape", "64,16,8,8", "--cubin"]) == 2  # binary needs -o
+
+
+def test_cache_list_dir_clear(tmp_path, monkeypatch, capsys):
+    from normc.runtime import cache
+
+    monkeypatch.setenv("NORMC_CACHE_DIR", str(tmp_path))
+    cache.store("k" * 64, {"kernels": [{"ptx": "", "cubin": None, "entry": "e", "grid": 1, "block": 32,
+                                        "shared_bytes": 0}], "summary": "inner/persistent 4x8 float32"})
+    assert main(["cache", "dir"]) == 0 and capsys.readouterr().out.strip() == str(tmp_path)
+    assert main(["cache", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "1 cached kernel set(s)" in out and "inner/persistent 4x8 float32" in out
+    assert main(["cache", "clear"]) == 0
+    assert "removed 1" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
