@@ -6,12 +6,18 @@ their uint16 bits), so the kernels' element offsets index it exactly as they ind
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from ..errors import ArgumentError
 from ..lowering.sim import load as _load_sim
 
 __all__ = ["load", "run"]
+
+# Numba's simulator keeps a process-wide "inside a kernel" stack: a launch from a second host thread while
+# another runs would be taken for a device-function call. Launches are therefore serialized.
+_launch_lock = threading.Lock()
 
 
 def load(ks):
@@ -51,5 +57,6 @@ def run(entry, x, y, scale, shift, mean, rstd):
     ws = np.zeros(max(entry.ws, 1), np.float32)
     args = [_flat(x, "x"), _flat(y, "out"), _flat(scale, "scale"), _flat(shift, "shift"), _flat(mean, "mean"),
             _flat(rstd, "rstd"), ws]
-    for k in entry.kernels:
-        k(*args)
+    with _launch_lock:
+        for k in entry.kernels:
+            k(*args)

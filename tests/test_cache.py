@@ -104,3 +104,37 @@ def test_compiled_kernels_hit_disk_and_key_on_versions(cache_dir, monkeypatch):
     monkeypatch.setattr(rt, "_kernel_memo", {})
     with pytest.raises(AssertionError, match="recompiled"):
         rt.compiled_kernels(plan, (9, 0))
+
+
+def test_compiling_from_several_threads_is_safe(cache_dir):
+    """Threads racing on one new specialization (and on different ones) all get correct results."""
+    import threading
+
+    import numpy as np
+
+    from conftest import reference
+
+    spec = normc.layer_norm()
+    f = normc.compile(spec)
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((3, 8 + (i % 2) * 4)).astype(np.float32) for i in range(4)]
+    results, errors = [None] * 4, []
+
+    def work(i):
+        try:
+            x = xs[i]
+            w = np.ones(x.shape[1], np.float32)
+            b = np.zeros(x.shape[1], np.float32)
+            results[i] = (f(x, w, b), reference(spec, x, w, b)[0])
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for y, ref in results:
+        assert np.abs(y - ref).max() < 1e-5
+    assert len(f._table) == 2  # two specializations (8 and 12 columns), each built once
