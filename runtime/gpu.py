@@ -9,6 +9,7 @@ if that fails the driver JIT-compiles the PTX; if both fail a :class:`normc.Comp
 from __future__ import annotations
 
 import functools
+import threading
 
 from ..errors import CompileError
 
@@ -31,15 +32,14 @@ def device_sms(ordinal: int) -> int:
     return Device(ordinal).properties.multiprocessor_count
 
 
-_current = None
+_tls = threading.local()  # a CUDA context is current per host thread
 
 
 def set_device(ordinal: int):
-    """Make the primary context of ``ordinal`` current (the one torch/CuPy/Numba use)."""
-    global _current
-    if _current != ordinal:
+    """Make the primary context of ``ordinal`` current on this thread (the one torch/CuPy/Numba use)."""
+    if getattr(_tls, "current", None) != ordinal:
         Device(ordinal).set_current()
-        _current = ordinal
+        _tls.current = ordinal
 
 
 def driver_version() -> int:
