@@ -42,13 +42,21 @@ def arch_cc(arch) -> tuple:
     """``"sm_90"`` / ``"90"`` / ``(9, 0)`` -> ``(9, 0)``. Raises :class:`normc.ArgumentError` otherwise."""
     from ..errors import ArgumentError
 
-    if isinstance(arch, tuple) and len(arch) == 2:
-        return tuple(int(a) for a in arch)
-    m = re.fullmatch(r"(?:sm_|compute_)?(\d)(\d)a?", str(arch).strip())
-    if not m:
-        raise ArgumentError(f"arch is {arch!r}; expected a compute capability such as 'sm_90'")
-    return int(m.group(1)), int(m.group(2))
+    if isinstance(arch, tuple) and len(arch) == 2 and all(isinstance(a, int) for a in arch):
+        cc = arch
+    else:
+        m = re.fullmatch(r"(?:sm_|compute_)?(\d+)(\d)a?", str(arch).strip())
+        if not m:
+            raise ArgumentError(f"arch is {arch!r}; expected a compute capability such as 'sm_90'")
+        cc = (int(m.group(1)), int(m.group(2)))
+    if cc < MIN_CC:
+        raise ArgumentError(f"arch sm_{cc[0]}{cc[1]} is not supported; expected compute capability "
+                            f"{MIN_CC[0]}.{MIN_CC[1]} or newer (the oldest NVVM supports), e.g. 'sm_90'")
+    return cc
 
+
+# The oldest target the CUDA 13 NVVM accepts.
+MIN_CC = (7, 5)
 
 _NS = None
 

@@ -53,7 +53,7 @@ class _UsageError(Exception):
 
 
 def _parse_shape(text: str) -> tuple:
-    parts = [p for p in re.split(r"[,\s]+", text.strip()) if p]
+    parts = [p.strip() for p in text.strip().split(",")] if text.strip() else []
     if not parts:
         raise _UsageError(f"--shape {text!r} is empty; expected comma-separated extents, e.g. 256,128,28,28")
     shape = []
@@ -80,9 +80,12 @@ def _parse_sizes(items) -> dict:
 
 def _parse_eps(text: str) -> float:
     try:
-        return float(text)
+        eps = float(text)
     except ValueError:
         raise _UsageError(f"--eps {text!r} is not a number; expected e.g. 1e-5") from None
+    if not eps >= 0 or eps == float("inf"):
+        raise _UsageError(f"--eps {text!r}: expected a finite number >= 0, e.g. 1e-5")
+    return eps
 
 
 def _parse_dtype(text, flag):

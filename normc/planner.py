@@ -184,7 +184,12 @@ class Plan:
                 f"group={self.group} vectors/thread={self.per_thread} splits={self.splits}"
             )
         nk = 1 if self.schedule != "split" else (2 if self.strategy == "inner" else 3)
-        lines.append(f"launch:   {nk} kernel(s), grid={self.grid} block={self.threads} arch={self.arch}")
+        if self.kept * self.reduced == 0:
+            lines.append("launch:   none (zero-size input: nothing to compute)")
+        else:
+            lines.append(f"launch:   {nk} kernel(s), grid={self.grid} block={self.threads} arch={self.arch}")
+        if self.stats:
+            lines.append("stats:    float32 mean and rstd written, one per reduction")
         lines.extend(f"why:      {w}" for w in self.why)
         return "\n".join(lines)
 
@@ -274,7 +279,9 @@ def make_plan(problem, *, arch="sm_90", sms=DEFAULT_SMS, schedule=None) -> Plan:
         why.append("innermost axis is reduced: lanes along the reduction (inner)")
     elif strategy == "outer":
         why.append("innermost axis is kept: lanes along the kept axis, rows over y-threads (outer)")
-    if not unit:
+    if inner.reduced and inner.size == 1:
+        why.append("reductions of one element: scalar accesses (vec=1)")
+    elif not unit:
         why.append("innermost stride is not 1 for x or out: scalar accesses (vec=1)")
 
     common = dict(

@@ -9,6 +9,8 @@ from .canonical import Axis, canonicalize, expand
 from .errors import ArgumentError
 
 DTYPES = ("float32", "float16", "bfloat16")
+# Element offsets are int64 in the kernels; keep products of extents and strides clear of overflow.
+MAX_INDEX = 2**62
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,13 @@ def make_problem(spec, shape, x_strides, out_strides, *, x_dtype, out_dtype=None
     if spec.shift is not None and shift_dtype is None:
         shift_dtype = x_dtype
     records, sizes = expand(spec, shape, x_strides, out_strides)
+    numel = math.prod(shape)
+    span = sum((n - 1) * abs(s) for n, s in zip(shape, x_strides) if n > 0)
+    if numel >= MAX_INDEX or span >= MAX_INDEX:
+        raise ArgumentError(
+            f"x has shape {tuple(shape)} ({numel} elements); expected fewer than 2**62 elements and element "
+            f"offsets (normc indexes with 64-bit integers)"
+        )
     axes = canonicalize(records)
     if not any(a.reduced for a in axes):
         # Every reduced extent is 1 (or the array is all size-1 dims): keep a size-1 reduction axis innermost

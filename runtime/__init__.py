@@ -104,8 +104,9 @@ class Compiled:
         scale, shift: required exactly when the spec has the step; contiguous, holding the product of their
             axes' extents in the spec's axis order (any shape with that many elements, e.g. torch's (C,));
             float32/float16/bfloat16, possibly another dtype than x; on x's device.
-        out: optional output of x's shape and the output dtype, on x's device; may be x itself (in place) but
-            may not otherwise overlap x.
+        out: optional output of x's shape on x's device, float32/float16/bfloat16 (the result is converted to
+            out's dtype; with ``out_dtype`` set it must match); may be x itself (in place) but may not otherwise
+            overlap x; must be writeable.
         stream: stream to launch on (torch/CuPy stream object, Numba stream, or a raw handle); default: the
             current torch/CuPy stream of x's device, else the legacy default stream. Never synchronizes.
         return_stats: also return float32 ``mean`` and ``rstd``, shaped like the kept axes in spec order
@@ -135,6 +136,10 @@ class Compiled:
             raise ArgumentError(f"out_dtype is {out_dtype}; expected one of {', '.join(SUPPORTED)}")
         self.spec = spec
         self.out_dtype = None if out_dtype is None else str(out_dtype).replace("torch.", "")
+        if arch is not None:
+            from ..lowering import arch_cc
+
+            arch_cc(arch)  # validate now: ArgumentError naming arch
         if schedule not in (None, "persistent", "looped", "split"):
             raise ArgumentError(f"schedule is {schedule!r}; expected None, 'persistent', 'looped' or 'split'")
         self.arch = arch
@@ -146,8 +151,13 @@ class Compiled:
     def __repr__(self):
         return f"normc.compile({self.spec!r})"
 
-    # ------------------------------------------------------------------------------------------------
     def __call__(self, x, scale=None, shift=None, *, out=None, stream=None, return_stats=False):
+        """Normalize ``x`` as the spec says: ``y`` or ``(y, mean, rstd)``. See the class docstring for the
+        arguments, the output's dtype and layout, and the errors."""
+        return self._call(x, scale, shift, out, stream, return_stats)
+
+    # ------------------------------------------------------------------------------------------------
+    def _call(self, x, scale, shift, out, stream, return_stats):
         tt = _torch_tensor_type()
         fk = None
         if type(x) is tt and out is None and stream is None and not return_stats:
@@ -244,21 +254,29 @@ class Compiled:
             if info.device != xi.device:
                 where = lambda d: "the host" if d is None else f"cuda:{d}"  # noqa: E731
                 raise ArgumentError(f"{name} is on {where(info.device)}; expected x's device {where(xi.device)}")
-            if dense_like(info.shape, info.strides) != tuple(info.strides) and got > 1:
-                nontrivial = [(n, s) for n, s in zip(info.shape, info.strides) if n > 1]
-                ok = all(nontrivial[i][1] == nontrivial[i + 1][1] * nontrivial[i + 1][0]
-                         for i in range(len(nontrivial) - 1)) and (not nontrivial or nontrivial[-1][1] == 1)
-                if not ok:
-                    raise ArgumentError(f"{name} must be contiguous (strides {info.strides} for shape {info.shape})")
+            # C order (row-major) is required: the elements are read as the spec's axes in spec order.
+            nontrivial = [(n, s) for n, s in zip(info.shape, info.strides) if n > 1]
+            c_order = all(nontrivial[i][1] == nontrivial[i + 1][1] * nontrivial[i + 1][0]
+                          for i in range(len(nontrivial) - 1)) and (not nontrivial or nontrivial[-1][1] == 1)
+            if not c_order:
+                raise ArgumentError(
+                    f"{name} must be C-contiguous (row-major; got strides {info.strides} for shape {info.shape}): "
+                    f"its elements are read in the order of the axes '{' '.join(axes)}'"
+                )
         out_dtype = self.out_dtype or xi.dtype
         if oi is not None:
             if tuple(oi.shape) != tuple(xi.shape):
                 raise ArgumentError(f"out has shape {oi.shape}; expected x's shape {xi.shape}")
-            if self.out_dtype is not None and oi.dtype != out_dtype or oi.dtype not in SUPPORTED:
-                raise ArgumentError(f"out has dtype {oi.dtype}; expected {out_dtype}")
+            if self.out_dtype is not None and oi.dtype != out_dtype:
+                raise ArgumentError(f"out has dtype {oi.dtype}; expected out_dtype {out_dtype}")
+            if oi.dtype not in SUPPORTED:
+                raise ArgumentError(f"out has dtype {oi.dtype}; expected one of {', '.join(SUPPORTED)} (the "
+                                    f"output is converted to out's dtype; default {out_dtype})")
             if oi.device != xi.device:
                 raise ArgumentError(f"out is on device {oi.device}; expected x's device {xi.device}")
             check_no_overlap(oi.shape, oi.strides, "out")
+            if oi.kind == "numpy" and not oi.obj.flags.writeable:
+                raise ArgumentError("out is read-only; expected a writeable array")
             if oi.ptr == xi.ptr and tuple(oi.strides) != tuple(xi.strides):
                 raise ArgumentError("out aliases x with different strides; expected x itself or a separate array")
             if oi.ptr != xi.ptr and _overlaps(xi, oi):

@@ -224,3 +224,24 @@ def test_plan_errors():
         normc.plan("t d : norm over d", (2, 8), arch="gfx90a")
     with raises(ArgumentError, "dtype"):
         normc.plan("t d : norm over d", (2, 8), dtype="float64")
+
+
+def test_fortran_order_scale_is_rejected_not_misread():
+    spec = normc.layer_norm(3, 2)  # scale over d0 d1
+    x = make_x((2, 3, 4), "float32")
+    w = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    with raises(ArgumentError, "scale", "C-contiguous"):
+        normc.compile(spec)(x, w, np.zeros((3, 4), np.float32))
+
+
+def test_read_only_out_and_bad_arch_and_huge_shape():
+    x = make_x((2, 8), "float32")
+    out = np.empty((2, 8), np.float32)
+    out.setflags(write=False)
+    with raises(ArgumentError, "out", "read-only"):
+        normc.compile(PLAIN)(x, out=out)
+    for arch in ("banana", "sm_50"):
+        with raises(ArgumentError, "arch"):
+            normc.compile(PLAIN, arch=arch)
+    with raises(ArgumentError, "x", "2**62"):
+        normc.plan(PLAIN, (2**40, 2**40))
