@@ -66,7 +66,6 @@ def expand(spec, shape, x_strides, out_strides):
         ArgumentError: rank mismatch or a split extent not divisible by the given part sizes.
     """
     sizes = spec.axis_sizes(tuple(shape))
-    axes = spec.axes
     scale_axes = spec.scale or ()
     shift_axes = spec.shift or ()
 

@@ -173,6 +173,23 @@ def _cmd_ptx(args) -> int:
     return 0
 
 
+def _cmd_bench(args) -> int:
+    from .bench import SYSTEMS, markdown, run
+
+    systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        raise _UsageError(f"--systems: unknown {', '.join(bad)}; expected some of {', '.join(SYSTEMS)}")
+    rows = None
+    if args.rows:
+        if not re.fullmatch(r"\d+(,\d+)*", args.rows.replace(" ", "")):
+            raise _UsageError(f"--rows {args.rows!r}: expected comma-separated row indices, e.g. 0,5,9")
+        rows = [int(t) for t in args.rows.replace(" ", "").split(",")]
+    result = run(table=args.table, rows=rows, systems=systems, out_dir=args.out)
+    sys.stdout.write(markdown(result))
+    return 0
+
+
 def _cmd_cache(args) -> int:
     import json
 
@@ -275,6 +292,23 @@ examples:
     p.add_argument("--resource-usage", action="store_true", help="report registers, shared memory, stack and "
                    "spills of each kernel (ptxas through nvJitLink) on stderr")
     p.set_defaults(func=_cmd_ptx)
+
+    p = sub.add_parser(
+        "bench", help="time normc against torch eager, torch.compile and Liger on a workload table (GPU)",
+        description="On a CUDA GPU: for each workload of the table (default: the bundled anchor table), check "
+                    "and time normc, PyTorch eager, torch.compile and Liger (where importable and where they "
+                    "have the op), next to the copy-bandwidth floor measured in the same run; write bench.json, "
+                    "bench.md and (with matplotlib) bench.png to --out.",
+        epilog="examples:\n  normc bench --out docs/perf\n  normc bench --rows 0,1,2,3 --systems normc,eager\n"
+               "  normc bench --table my_shapes.json --out /tmp/bench\n",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--table", default=None, metavar="FILE", help="JSON table of the anchors.json form")
+    p.add_argument("--rows", default=None, metavar="I,J,...", help="row indices to run (default: all)")
+    p.add_argument("--systems", default="normc,eager,compile,liger", metavar="S,...",
+                   help="systems to run (default: normc,eager,compile,liger)")
+    p.add_argument("--out", default=None, metavar="DIR", help="write bench.json, bench.md, bench.png here")
+    p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser(
         "cache", help="list or clear the on-disk kernel cache",

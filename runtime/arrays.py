@@ -95,7 +95,7 @@ def empty(like: ArrayInfo, shape, strides, dtype: str):
     inv = np.argsort(order) if shape else []
     if like.kind == "numpy":
         if dtype == "bfloat16":
-            import ml_dtypes  # noqa: F401  (numpy has no bfloat16 of its own)
+            import ml_dtypes  # noqa: F401  (registers numpy's 'bfloat16' dtype)
 
             npdt = np.dtype("bfloat16")
         else:

@@ -98,7 +98,6 @@ def run_row(i, row, bw, timing=True):
     first = time.perf_counter() - t0
     yr, mr, rr = reference(s, x, sc, sh)
     err = ((y.double() - yr).abs().max() / yr.abs().max()).item()
-    kept = [s.axes.index(a) for a in s.kept]
     if s.stat == "norm":
         merr = ((mean.double().reshape(-1) - mr.reshape(-1)).abs().max() / mr.abs().max().clamp_min(1)).item()
     else:
