@@ -121,16 +121,19 @@ def _make_store(tag, width):
 
 @cuda.jit(device=True, inline=True)
 def shfl_xor(v, m):
+    """Butterfly exchange of a float32 with lane ``lane ^ m`` of the full warp."""
     return cuda.shfl_xor_sync(0xFFFFFFFF, v, m)
 
 
 @cuda.jit(device=True, inline=True)
 def shfl_idx(v, src):
+    """The float32 ``v`` of lane ``src`` of the full warp."""
     return cuda.shfl_sync(0xFFFFFFFF, v, src)
 
 
 @cuda.jit(device=True, inline=True)
 def rsqrt(v):
+    """1 / sqrt(v) in float32 (IEEE sqrt and division, as the reference computes it)."""
     return float32(1.0) / math.sqrt(v)
 
 

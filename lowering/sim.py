@@ -68,14 +68,17 @@ def _exchange(v, partner_of):
 
 
 def shfl_xor(v, m):
+    """Simulator warp shuffle (xor): an exchange through the block between two barriers."""
     return _exchange(v, lambda me: (me // 32) * 32 + ((me % 32) ^ int(m)))
 
 
 def shfl_idx(v, src):
+    """Simulator warp shuffle (indexed): an exchange through the block between two barriers."""
     return _exchange(v, lambda me: (me // 32) * 32 + int(src))
 
 
 def rsqrt(v):
+    """1 / sqrt(v) in float32, inf for 0 (as on the GPU), without numpy warnings."""
     v = np.float32(v)
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.float32(1.0) / np.sqrt(v)

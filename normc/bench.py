@@ -45,6 +45,7 @@ def load_table(path=None) -> list:
 
 
 def row_spec(row):
+    """The :class:`normc.Spec` of a table row (eps: the row's, else 1e-6 for rms and 1e-5 otherwise)."""
     import normc
 
     return normc.spec(row["spec"], eps=row.get("eps", 1e-6 if " rms " in f" {row['spec']} " else 1e-5),

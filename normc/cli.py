@@ -245,6 +245,7 @@ def _add_common(p):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argparse parser of the ``normc`` command (subcommands plan, ptx, bench, cache)."""
     parser = argparse.ArgumentParser(
         prog="normc",
         description="normc: a compiler for GPU normalization kernels. Plan a spec for a shape and layout, or "

@@ -147,6 +147,7 @@ class Plan:
         return 3 * cols * self.splits + 3 * cols  # partial (n, mean, m2) per split, then a, b, c per column
 
     def to_dict(self) -> dict:
+        """Plain-data form of the plan (axes as dicts, why as a list); JSON-serializable."""
         d = asdict(self)
         d["axes"] = [asdict(a) for a in self.axes]
         d["why"] = list(self.why)
@@ -158,6 +159,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
+        """The plan written by :meth:`to_json`. Raises ValueError/TypeError on malformed text."""
         d = json.loads(text)
         d["axes"] = tuple(Axis(**a) for a in d["axes"])
         d["why"] = tuple(d["why"])

@@ -29,6 +29,7 @@ def device_cc(ordinal: int) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def device_sms(ordinal: int) -> int:
+    """Multiprocessor count of CUDA device ``ordinal`` (sizes the planner's grids)."""
     return Device(ordinal).properties.multiprocessor_count
 
 
@@ -43,6 +44,7 @@ def set_device(ordinal: int):
 
 
 def driver_version() -> int:
+    """CUDA driver version as an int (e.g. 13000), 0 when no driver is present (part of the disk-cache key)."""
     try:
         from cuda.bindings import driver
 
