@@ -45,7 +45,7 @@ def _warn_sim():
         _sim_warned = True
         warnings.warn(
             "normc: no CUDA GPU found; running kernels on Numba's CUDA simulator (pure Python, very slow: "
-            "use small arrays)", RuntimeWarning, stacklevel=3,
+            "use small arrays)", RuntimeWarning, stacklevel=5,
         )
 
 
