@@ -123,15 +123,17 @@ def _emit(text: str, path):
             raise _UsageError(f"cannot write {path}: {e.strerror or e}") from None
 
 
-def ptx_text(kernels) -> str:
+def ptx_text(kernels, workspace_floats=0) -> str:
     """The ``normc ptx`` output for a list of :class:`normc.lowering.LoweredKernel`: each module after a
-    ``// normc kernel i/n: ...`` header line, in launch order."""
+    ``// normc kernel i/n: entry=E, grid=G, block=B, shared=S bytes, workspace=W floats`` header line, in
+    launch order. Every kernel takes seven pointers (x, out, scale, shift, mean, rstd, workspace); the
+    workspace is a float32 scratch buffer of W elements shared by the kernels of one call (W = 0: pass null)."""
     out = []
     n = len(kernels)
     for i, k in enumerate(kernels, 1):
         out.append(
             f"// normc kernel {i}/{n}: entry={k.entry}, grid={k.grid}, block={k.block}, "
-            f"shared={k.shared_bytes} bytes\n"
+            f"shared={k.shared_bytes} bytes, workspace={workspace_floats} floats\n"
         )
         out.append(k.ptx if k.ptx.endswith("\n") else k.ptx + "\n")
     return "".join(out)
@@ -169,7 +171,7 @@ def _cmd_ptx(args) -> int:
         except OSError as e:
             raise _UsageError(f"cannot write {args.output}: {e.strerror or e}") from None
         return 0
-    _emit(ptx_text(kernels), args.output)
+    _emit(ptx_text(kernels, plan.workspace_floats), args.output)
     return 0
 
 

@@ -14,7 +14,7 @@ IN_SPEC = "n c h w : norm over h w ; scale c ; shift c"
 IN_ARGS = [IN_SPEC, "--shape", "256,128,28,28", "--dtype", "float16"]
 NHWC = ["--layout", "n h w c"]
 
-HEADER = re.compile(r"^// normc kernel (\d+)/(\d+): entry=(\S+), grid=(\d+), block=(\d+), shared=(\d+) bytes$", re.M)
+HEADER = re.compile(r"^// normc kernel (\d+)/(\d+): entry=(\S+), grid=(\d+), block=(\d+), shared=(\d+) bytes, workspace=(\d+) floats$", re.M)
 
 
 def _modules(text):
@@ -40,6 +40,7 @@ def _check_ptx(text, plan):
         assert ".extern" not in body
         assert ".target sm_90" in body
         assert int(h.group(5)) == plan.threads
+        assert int(h.group(7)) == plan.workspace_floats
         if n != 3 or i != 2:  # the outer split's middle kernel runs one CTA per column tile
             assert int(h.group(4)) == plan.grid
 
