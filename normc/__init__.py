@@ -26,6 +26,14 @@ def compile(spec, *, out_dtype=None, arch=None, schedule=None):  # noqa: A001 - 
     return Compiled(spec, out_dtype=out_dtype, arch=arch, schedule=schedule)
 
 
+def autotune(spec, x, scale=None, shift=None, *, reps=50):
+    """Time the schedules ``x``'s problem admits on its GPU and store the fastest for later processes;
+    see :func:`normc.runtime.tune.autotune`."""
+    from .runtime.tune import autotune as _autotune
+
+    return _autotune(spec, x, scale, shift, reps=reps)
+
+
 def plan(spec, shape, dtype="float32", **kw):
     """Plan ``spec`` for an x of ``shape``; see :func:`normc.api.plan_for`."""
     from .api import plan_for
@@ -34,6 +42,6 @@ def plan(spec, shape, dtype="float32", **kw):
 
 
 __all__ = [
-    "ArgumentError", "CompileError", "NormcError", "SpecError", "Spec", "Plan", "spec", "compile", "plan",
+    "ArgumentError", "CompileError", "NormcError", "SpecError", "Spec", "Plan", "spec", "compile", "plan", "autotune",
     "layer_norm", "rms_norm", "instance_norm", "group_norm", "batch_norm_stats", "__version__",
 ]

@@ -79,9 +79,10 @@ def _stream_handle(stream, info):
 class _Entry:
     """Everything one specialization needs at call time."""
 
-    __slots__ = ("plan", "kernels", "out_shape", "out_strides", "out_dtype", "stat_shape", "ws", "sim")
+    __slots__ = ("plan", "kernels", "out_shape", "out_strides", "out_dtype", "stat_shape", "ws", "sim", "problem")
 
-    def __init__(self, plan, kernels, out_shape, out_strides, out_dtype, stat_shape, sim):
+    def __init__(self, plan, kernels, out_shape, out_strides, out_dtype, stat_shape, sim, problem=None):
+        self.problem = problem
         self.plan = plan
         self.kernels = kernels
         self.out_shape = out_shape
@@ -125,7 +126,7 @@ class Compiled:
     for tests and tuning; default: the planner's choice).
     """
 
-    def __init__(self, spec, *, out_dtype=None, arch=None, schedule=None):
+    def __init__(self, spec, *, out_dtype=None, arch=None, schedule=None, use_tuning=True):
         from ..spec import Spec, spec as parse
 
         if isinstance(spec, str):
@@ -144,6 +145,7 @@ class Compiled:
             raise ArgumentError(f"schedule is {schedule!r}; expected None, 'persistent', 'looped' or 'split'")
         self.arch = arch
         self.schedule = schedule
+        self.use_tuning = use_tuning
         self._table = {}
         self._fast = {}
         self._lock = threading.Lock()
@@ -284,6 +286,14 @@ class Compiled:
             out_dtype = oi.dtype
         return sizes, sim, out_dtype
 
+    def _schedule_for(self, prob, arch, sms):
+        """The forced schedule, else a tuned one recorded by :func:`normc.autotune`, else None (planner)."""
+        if self.schedule is not None or not self.use_tuning:
+            return self.schedule
+        from .tune import lookup
+
+        return lookup(prob, arch, sms)
+
     def _build(self, xi, si, hi, oi, stats):
         from ..planner import make_plan
 
@@ -311,9 +321,10 @@ class Compiled:
             from ..lowering.codegen import generate
             from .simulate import load
 
-            plan = make_plan(prob, arch="sm_90", sms=4, schedule=self.schedule)  # small grids: the simulator runs blocks one by one
+            # small grids (sms=4): the simulator runs blocks one by one
+            plan = make_plan(prob, arch="sm_90", sms=4, schedule=self._schedule_for(prob, "sm_90", 4))
             kernels = [load(ks) for ks in generate(plan)]
-            return _Entry(plan, kernels, xi.shape, out_strides, out_dtype, stat_shape, True)
+            return _Entry(plan, kernels, xi.shape, out_strides, out_dtype, stat_shape, True, prob)
         from . import gpu
 
         cc = gpu.device_cc(xi.device)
@@ -321,11 +332,12 @@ class Compiled:
             from ..lowering import arch_cc
 
             cc = arch_cc(self.arch)
-        plan = make_plan(prob, arch=f"sm_{cc[0]}{cc[1]}", sms=gpu.device_sms(xi.device), schedule=self.schedule)
+        arch, sms = f"sm_{cc[0]}{cc[1]}", gpu.device_sms(xi.device)
+        plan = make_plan(prob, arch=arch, sms=sms, schedule=self._schedule_for(prob, arch, sms))
         gpu.set_device(xi.device)
         kernels = [gpu.Loaded(k["ptx"], k.get("cubin"), k["entry"], k["grid"], k["block"])
                    for k in compiled_kernels(plan, cc)]
-        return _Entry(plan, kernels, xi.shape, out_strides, out_dtype, stat_shape, False)
+        return _Entry(plan, kernels, xi.shape, out_strides, out_dtype, stat_shape, False, prob)
 
 
 _tensor_type = None

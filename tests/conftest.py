@@ -7,6 +7,8 @@ Without a GPU, ``normc.compile(spec)(x_numpy, ...)`` runs the generated kernels 
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 import warnings
 
 import numpy as np
@@ -25,6 +27,10 @@ _FILTERS = (
 def pytest_configure(config):
     for f in _FILTERS:
         config.addinivalue_line("filterwarnings", f)
+    # A private kernel/tuning cache per test session: a user's cache (e.g. schedules recorded by
+    # normc.autotune) must not change what the tests plan.
+    if "NORMC_CACHE_DIR" not in os.environ or not os.environ.get("NORMC_TEST_KEEP_CACHE"):
+        os.environ["NORMC_CACHE_DIR"] = tempfile.mkdtemp(prefix="normc-test-cache-")
 
 try:
     import ml_dtypes

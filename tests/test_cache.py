@@ -138,3 +138,30 @@ def test_compiling_from_several_threads_is_safe(cache_dir):
     for y, ref in results:
         assert np.abs(y - ref).max() < 1e-5
     assert len(f._table) == 2  # two specializations (8 and 12 columns), each built once
+
+
+def test_tuned_schedule_is_used_by_later_compiles(cache_dir):
+    """A schedule recorded by autotune (here written directly: timing needs a GPU) is what the planner uses
+    for that problem afterwards, in any Compiled; forcing a schedule still wins."""
+    import numpy as np
+
+    from normc.runtime import tune
+
+    spec = normc.layer_norm()
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    w, b = np.ones(64, np.float32), np.zeros(64, np.float32)
+    f = normc.compile(spec)
+    y0 = f(x, w, b)
+    (entry,) = f._table.values()
+    assert entry.plan.schedule == "persistent"
+    assert tune.record(entry.problem, "sm_90", 4, "split", {"None": 2.0, "split": 1.0})
+    g = normc.compile(spec)
+    y1 = g(x, w, b)
+    (e1,) = g._table.values()
+    assert e1.plan.schedule == "split" and "schedule forced to split" in " ".join(e1.plan.why)
+    assert np.abs(y1 - y0).max() < 1e-5
+    h = normc.compile(spec, schedule="looped")
+    h(x, w, b)
+    assert next(iter(h._table.values())).plan.schedule == "looped"
+    with pytest.raises(normc.ArgumentError, match="CUDA torch"):
+        normc.autotune(spec, x, w, b)
