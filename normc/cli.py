@@ -281,7 +281,7 @@ examples:
         "ptx", help="print the PTX of the plan's kernels",
         description="Compile SPEC for an x of --shape/--dtype/--layout and print the PTX of its kernels in launch "
                     "order (2 or 3 for a split schedule), each after a '// normc kernel i/n: entry=..., grid=..., "
-                    "block=..., shared=... bytes' line.",
+                    "block=..., shared=... bytes, workspace=... floats' line.",
         epilog=_COMMON_EPILOG + """
 examples:
   normc ptx "n c h w : norm over h w ; scale c ; shift c" --shape 256,128,28,28 --layout "n h w c" --dtype float16

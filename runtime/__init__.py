@@ -153,13 +153,10 @@ class Compiled:
     def __repr__(self):
         return f"normc.compile({self.spec!r})"
 
+    # ------------------------------------------------------------------------------------------------
     def __call__(self, x, scale=None, shift=None, *, out=None, stream=None, return_stats=False):
         """Normalize ``x`` as the spec says: ``y`` or ``(y, mean, rstd)``. See the class docstring for the
         arguments, the output's dtype and layout, and the errors."""
-        return self._call(x, scale, shift, out, stream, return_stats)
-
-    # ------------------------------------------------------------------------------------------------
-    def _call(self, x, scale, shift, out, stream, return_stats):
         tt = _torch_tensor_type()
         fk = None
         if type(x) is tt and out is None and stream is None and not return_stats:

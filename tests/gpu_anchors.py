@@ -14,39 +14,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
-from importlib import resources
 
 TOL = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
 
 
 def anchors():
-    with resources.files("normc").joinpath("data/anchors.json").open() as f:
-        return json.load(f)["rows"]
+    """Rows of the bundled anchor table (normc.bench.load_table)."""
+    from normc.bench import load_table
+
+    return load_table()
 
 
 def make_inputs(row, seed=0):
-    import torch
+    """Spec, x (in the row's memory order), scale, shift: normc.bench.make_inputs with one copy of x."""
+    from normc.bench import make_inputs as bench_inputs
 
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    shape, perm = row["shape"], row["memory_perm"]
-    dt = getattr(torch, row["dtype"])
-    phys = [shape[d] for d in perm]
-    inv = [perm.index(d) for d in range(len(perm))]
-    x = torch.empty(phys, dtype=dt, device="cuda")
-    x.normal_(mean=0.5, std=2.0, generator=g)
-    x = x.permute(*inv)
-    import normc
-
-    s = normc.spec(row["spec"], eps=1e-6 if "rms" in row["spec"] else 1e-5, **row["sizes"])
-    sizes = s.axis_sizes(tuple(shape))
-    sc = sh = None
-    if s.scale:
-        sc = torch.empty(math.prod(sizes[a] for a in s.scale), dtype=dt, device="cuda").normal_(1.0, 0.5, generator=g)
-    if s.shift:
-        sh = torch.empty(math.prod(sizes[a] for a in s.shift), dtype=dt, device="cuda").normal_(0.0, 0.5, generator=g)
-    return s, x, sc, sh
+    s, xs, sc, sh = bench_inputs(row, copies=1, seed=seed)
+    return s, xs[0], sc, sh
 
 
 def reference(s, x, sc, sh):
@@ -72,17 +57,6 @@ def reference(s, x, sc, sh):
         pv = p.double().reshape(shp)
         y = y * pv if op == "mul" else y + pv
     return y.reshape(x.shape), mean, rstd
-
-
-def copy_bandwidth():
-    import torch
-    from triton.testing import do_bench
-
-    a = torch.empty(2 * 1024**3 // 4, dtype=torch.float32, device="cuda")
-    b = torch.empty_like(a)
-    ms = do_bench(lambda: b.copy_(a), warmup=50, rep=300, return_mode="median")
-    del a, b
-    return 2 * 2 * 1024**3 / (ms * 1e-3)
 
 
 def run_row(i, row, bw, timing=True):
@@ -172,6 +146,8 @@ def main(argv=None):
                   + " | ".join(compare_schedules(i, r)), flush=True)
         return 0
     idx = [int(t) for t in a.rows.split(",")] if a.rows else range(len(rows))
+    from normc.bench import copy_bandwidth
+
     bw = copy_bandwidth()
     print(f"copy bandwidth: {bw / 1e12:.2f} TB/s (read + write)")
     out = []
