@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..errors import CompileError
 from .codegen import KernelSource, generate
 
-__all__ = ["LoweredKernel", "lower", "assemble", "link", "ResourceUsage", "generate", "KernelSource", "arch_cc"]
+__all__ = ["LoweredKernel", "lower", "lower_backward", "assemble", "link", "ResourceUsage", "generate", "KernelSource", "arch_cc"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class LoweredKernel:
         grid: CTAs (1-D); block: threads per CTA (1-D); shared_bytes: static shared memory in bytes.
         params: the 7 pointer parameters' element types (x, out, scale, shift, mean, rstd, workspace).
         source: the generated Python source the PTX came from.
+        cluster: CTAs per thread-block cluster (1: no cluster); launch with this cluster shape.
     """
 
     ptx: str
@@ -36,6 +37,7 @@ class LoweredKernel:
     shared_bytes: int
     params: tuple
     source: str
+    cluster: int = 1
 
 
 def arch_cc(arch) -> tuple:
@@ -93,13 +95,23 @@ def compile_source(ks: KernelSource, cc) -> LoweredKernel:
     entries = re.findall(r"\.visible\s+\.entry\s+([\w$]+)\s*\(", ptx)
     if len(entries) != 1:
         raise CompileError(f"PTX of {ks.name} has {len(entries)} entries; expected 1")
-    return LoweredKernel(ptx, entries[0], ks.grid, ks.block, ks.shared_bytes, ks.pointer_types, ks.source)
+    return LoweredKernel(ptx, entries[0], ks.grid, ks.block, ks.shared_bytes, ks.pointer_types, ks.source,
+                         ks.cluster)
 
 
 def lower(plan, arch=None) -> list:
     """Compile ``plan`` to a list of :class:`LoweredKernel` (launch order) for ``arch`` (default plan.arch)."""
     cc = arch_cc(arch or plan.arch)
     return [compile_source(ks, cc) for ks in generate(plan)]
+
+
+def lower_backward(bplan, arch=None) -> list:
+    """Compile a :class:`normc.backward_plan.BackwardPlan` to :class:`LoweredKernel` s (launch order; each takes
+    the nine pointers of :mod:`normc.lowering.backward`) for ``arch`` (default ``bplan.arch``)."""
+    from .backward import generate_backward
+
+    cc = arch_cc(arch or bplan.arch)
+    return [compile_source(ks, cc) for ks in generate_backward(bplan)]
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,13 @@ x/out/scale/shift point to float32 (``float*``) or to 16-bit words (``uint16*``:
 mean, rstd and workspace point to float32. Unused pointers may be null.
 
 Names the source expects in its globals: ``cuda``, ``I64``, ``F32``, ``F32T``, ``rsqrt``, ``shfl_xor``,
-``shfl_idx``, and for each dtype tag ``t`` in {f32, f16, bf16} and width ``v``: ``ld{v}_{t}(p, i)`` returning
-a tuple of ``v`` float32 (``v`` = 1 returns a float32), ``st{v}_{t}(p, i, tuple)`` (``v`` = 1 takes a scalar).
+``shfl_idx``, ``sel(c, a, b)`` (a select), the cluster operations ``cluster_arrive()``, ``cluster_wait()`` and
+``dsmem_ld(shared_array, i, rank)`` (distributed shared memory), and for each dtype tag ``t`` in
+{f32, f16, bf16} and width ``v``: ``ld{v}_{t}(p, i)`` returning a tuple of ``v`` float32 (``v`` = 1 returns a
+float32), ``st{v}_{t}(p, i, tuple)`` (``v`` = 1 takes a scalar), and their masked forms ``ldm{v}_{t}(p, i, ok)``
+(zeros when not ok) and ``stm{v}_{t}(p, i, vals, ok)``. Conditions go to the masked forms rather than to
+``if`` blocks: straight-line source keeps Numba's compile time low (its SSA and typing passes grow with the
+number of blocks; a 64-value persistent kernel went from 8.3 s to 1.6 s).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ import math
 from dataclasses import dataclass
 
 TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+# Vectors (or rows) loaded per loop trip in streaming loops before any is used (memory-level parallelism);
+# the planner's LOOP_UNROLL, repeated here so the generator does not import the planner.
+LOOP_UNROLL = 4
 PARAMS = "xp, op, sp, hp, mp, rp, wp"
 
 
@@ -39,6 +47,8 @@ class KernelSource:
         block: threads per CTA (1-D).
         shared_bytes: static shared memory the kernel declares (bytes), for reporting.
         pointer_types: element type of each of the 7 pointer parameters: ``"float32"`` or ``"uint16"``.
+        cluster: CTAs per thread-block cluster (1: launched without clusters). ``grid`` counts CTAs and is a
+            multiple of it; CTA ``bid`` has rank ``bid % cluster`` in its cluster.
     """
 
     name: str
@@ -47,6 +57,7 @@ class KernelSource:
     block: int
     shared_bytes: int
     pointer_types: tuple
+    cluster: int = 1
 
 
 class _Src:
@@ -130,6 +141,24 @@ def _offset(coords, axes, tensor, scale_by=1):
     return " + ".join(terms) if terms else "0"
 
 
+def vector_offsets(g, c, red, V, tensors):
+    """Emit the element offsets, per tensor in ``tensors``, of vector ``c`` (V elements along the innermost
+    axis) of one reduction over the axes ``red`` (outermost-first, the last one contiguous), relative to
+    the reduction's base. Returns {tensor: offset expression}."""
+    if len(red) == 1:
+        coords = [f"({c} * {V})" if V > 1 else c]
+    else:
+        iv = red[-1].size // V  # vectors along the innermost reduced axis
+        if iv == 1:
+            inner_c, rest = "0", c
+        else:
+            inner_c, rest = g.new("ic"), g.new("rc")
+            g(f"{inner_c} = ({c} % {iv}) * {V}")
+            g(f"{rest} = {c} // {iv}")
+        coords = _coords(g, rest, red[:-1], "r") + [inner_c]
+    return {t: _offset(coords, red, t) for t in tensors}
+
+
 def _chan(g, n, m, m2, on, om, om2):
     """Emit the Chan et al. merge of (on, om, om2) into (n, m, m2) (float32, safe for empty sides)."""
     nn, d, w = g.new("nn"), g.new("d"), g.new("w")
@@ -182,26 +211,23 @@ class _Kernel:
         self.shared += 4 * n
 
     def load_x(self, g, names, off, ok):
-        """Emit loading V x-values at element offset ``off`` into ``names`` (zeros when not ``ok``)."""
-        V = self.V
-        for nm in names:
-            g(f"{nm} = F32(0.0)")
-        if ok != "True":
-            g(f"if {ok}:")
-            g.ind += 1
-        if V == 1:
-            g(f"{names[0]} = ld1_{self.xt}(xp, {off})")
-        else:
-            g(f"{', '.join(names)} = ld{V}_{self.xt}(xp, {off})")
-        if ok != "True":
-            g.ind -= 1
+        """Emit loading V x-values at element offset ``off`` into ``names`` (zeros when not ``ok``).
 
-    def store_out(self, g, vals, off):
+        A condition is passed to a masked load (``ldm``: predicated in PTX) rather than emitted as an ``if``:
+        straight-line source keeps Numba's compile time low (its SSA and typing passes grow with blocks)."""
         V = self.V
-        if V == 1:
-            g(f"st1_{self.ot}(op, {off}, {vals[0]})")
+        fn = f"ld{V}_{self.xt}" if ok == "True" else f"ldm{V}_{self.xt}"
+        cond = "" if ok == "True" else f", {ok}"
+        g(f"{', '.join(names)} = {fn}(xp, {off}{cond})")
+
+    def store_out(self, g, vals, off, ok="True"):
+        """Emit storing V values at element offset ``off`` of out (only when ``ok``: a masked store)."""
+        V = self.V
+        v = vals[0] if V == 1 else f"({', '.join(vals)},)"
+        if ok == "True":
+            g(f"st{V}_{self.ot}(op, {off}, {v})")
         else:
-            g(f"st{V}_{self.ot}(op, {off}, ({', '.join(vals)},))")
+            g(f"stm{V}_{self.ot}(op, {off}, {v}, {ok})")
 
     def load_param(self, g, which, off, step, vec_ok, count):
         """Emit loads of ``count`` affine values at ``off`` + j*``step``; returns their names."""
@@ -249,24 +275,14 @@ class _Inner(_Kernel):
         cs = _coords(g, r, self.kep, "k")
         for t, nm in (("x", "xb"), ("out", "ob"), ("scale", "sb"), ("shift", "hb"), ("stat", "mb")):
             g(f"{nm} = I64({_offset(cs, self.kep, t)})")
+        if p.stat == "norm":
+            # Pivot: the row's first value. Statistics are accumulated over x - pivot, so a row whose mean is
+            # large against its spread (mean 1e4 x std) loses no digits to cancellation (shifted data).
+            g(f"pv = ld1_{self.xt}(xp, xb)")
 
     def chunk_offsets(self, g, c):
         """Offsets (x, out, scale, shift) of vector ``c`` of a row, relative to the row bases."""
-        V = self.V
-        red = self.red
-        if len(red) == 1:
-            coords = [f"({c} * {V})" if V > 1 else c]
-        else:
-            if self.IV == 1:
-                inner_c = "0"
-                rest = c
-            else:
-                inner_c = g.new("ic")
-                g(f"{inner_c} = ({c} % {self.IV}) * {V}")
-                rest = g.new("rc")
-                g(f"{rest} = {c} // {self.IV}")
-            coords = _coords(g, rest, red[:-1], "r") + [inner_c]
-        return {t: _offset(coords, red, t) for t in ("x", "out", "scale", "shift")}
+        return vector_offsets(g, c, self.red, self.V, ("x", "out", "scale", "shift"))
 
     def params_for_row(self):
         """Whether scale/shift vary along the reduction (else one value per row, folded into a, b)."""
@@ -294,7 +310,7 @@ class _Inner(_Kernel):
             g("b = b + ld1_%s(hp, hb)" % TAG[self.p.shift_dtype])
         return var
 
-    def emit_normalize_vec(self, g, xs, offs, var):
+    def emit_normalize_vec(self, g, xs, offs, var, ok="True"):
         V = self.V
         inner = self.inner
         ys = [g.new("y") for _ in range(V)]
@@ -308,7 +324,7 @@ class _Inner(_Kernel):
             sh = self.load_param(g, "shift", f"hb + {offs['shift']}", inner.shift, self.p.shift_vec, V)
             for j in range(V):
                 g(f"{ys[j]} = {ys[j]} + {sh[j]}")
-        self.store_out(g, ys, f"ob + {offs['out']}")
+        self.store_out(g, ys, f"ob + {offs['out']}", ok)
 
     # reductions ----------------------------------------------------------------------------------------
     def reduce_triple(self, g, n, m, m2, tag):
@@ -366,7 +382,9 @@ class _Inner(_Kernel):
         with g.block(f"for wi in range(1, {NW}):"):
             g(f"{s} = {s} + ss{tag}[rloc * {NW} + wi]")
 
-    def finish_stats(self, g, write_cond):
+    def finish_stats(self, g, write_cond, shifted=False):
+        """rstd from (n, m2) or q; write mean and rstd where ``write_cond``. ``shifted``: ``mean`` is of
+        x - pv (the persistent kernel keeps its registers shifted); the true mean pv + mean is written."""
         p = self.p
         if p.stat == "norm":
             g(f"rstd = rsqrt(m2 / n + F32({p.eps!r}))")
@@ -375,7 +393,7 @@ class _Inner(_Kernel):
             g("mean = F32(0.0)")
         if p.stats:
             with g.block(f"if {write_cond}:"):
-                g("st1_f32(mp, mb, mean)")
+                g("st1_f32(mp, mb, mean + pv)" if shifted and p.stat == "norm" else "st1_f32(mp, mb, mean)")
                 g("st1_f32(rp, mb, rstd)")
 
     # kernels -------------------------------------------------------------------------------------------
@@ -387,25 +405,40 @@ class _Inner(_Kernel):
         g.mark_decls()
 
     def persistent(self):
+        """x held in registers: each row's values are loaded once, reduced (two passes over registers), then
+        normalized and stored. With ``plan.cluster`` = C > 1 a row is spread over the C CTAs of a cluster:
+        CTA rank r holds vectors [r*CH, (r+1)*CH) (CH = per_thread * tpr) and the CTAs' partial statistics are
+        merged through distributed shared memory, in rank order (every CTA gets the same result)."""
         p, V, TPR, NC, E = self.p, self.V, self.TPR, self.NC, self.p.per_thread
+        C = p.cluster
+        CH = E * TPR
         g = _Src()
         self.prologue(g, "normc_inner")
         g(f"lane = tid % {TPR}" if self.RPC > 1 else "lane = tid")
         g(f"rloc = tid // {TPR}" if self.RPC > 1 else "rloc = 0")
         ragged_rows = p.kept % self.RPC != 0
-        self.row_setup(g, f"bid * {self.RPC} + rloc", ragged_rows)
+        if C > 1:
+            g(f"crank = bid % {C}")
+            self.row_setup(g, f"bid // {C}", False)
+        else:
+            g("crank = 0")
+            self.row_setup(g, f"bid * {self.RPC} + rloc", ragged_rows)
         rv = f"row < {p.kept}" if ragged_rows else "True"
         g(f"rv = {rv}")
+        last = NC - (C - 1) * CH  # vectors held by the last CTA of the cluster (all of them when C == 1)
         xs, oks, offs = [], [], []
         for e in range(E):
             c = g.new("c")
-            g(f"{c} = lane + {e * TPR}")
-            need = (e + 1) * TPR > NC
+            g(f"{c} = crank * {CH} + lane + {e * TPR}" if C > 1 else f"{c} = lane + {e * TPR}")
+            need = (e + 1) * TPR > last
             ok = g.new("ok")
             if need:
                 g(f"{ok} = rv and {c} < {NC}")
                 cc = g.new("cc")
                 g(f"{cc} = min({c}, {NC - 1})")
+            elif rv == "True":
+                ok = "True"  # every lane holds a valid vector: no branch (fewer blocks: faster compiles)
+                cc = c
             else:
                 g(f"{ok} = rv")
                 cc = c
@@ -416,54 +449,88 @@ class _Inner(_Kernel):
             oks.append(ok)
             offs.append(o)
         if p.stat == "norm":
-            g("n = F32(0.0)")
-            for ok in oks:
-                g(f"if {ok}: n += F32({float(V)!r})")
+            # Two passes over the registers, each a plain sum across the CTA (cheaper than merging Welford
+            # triples at every shuffle step): the CTA's mean, then squared deviations from it. The registers
+            # hold x - pivot (masked lanes 0); mean is of the shifted values until the statistics are written.
+            for names, ok in zip(xs, oks):
+                for nm in names:
+                    g(f"{nm} = {nm} - pv" if ok == "True" else f"{nm} = sel({ok}, {nm} - pv, F32(0.0))")
+            g(f"n = F32({float(p.reduced)!r})")
             g("s = F32(0.0)")
             for names in xs:
                 for nm in names:
                     g(f"s = s + {nm}")
-            g("mean = s / max(n, F32(1.0))")
+            self.reduce_sum(g, "s", "a")
+            if C > 1:
+                self.cluster_sum(g, "s", 1)
+            g("mean = s / n")
             g("m2 = F32(0.0)")
             for names, ok in zip(xs, oks):
-                with g.block(f"if {ok}:"):
-                    for nm in names:
-                        g(f"m2 = m2 + ({nm} - mean) * ({nm} - mean)")
-            self.reduce_triple(g, "n", "mean", "m2", "a")
+                t = g.new("t")
+                g(f"{t} = " + " + ".join(f"({nm} - mean) * ({nm} - mean)" for nm in names))
+                g(f"m2 = m2 + {t}" if ok == "True" else f"m2 = m2 + sel({ok}, {t}, F32(0.0))")
+            self.reduce_sum(g, "m2", "b")
+            if C > 1:
+                self.cluster_sum(g, "m2", 2)
         else:
             g("q = F32(0.0)")
             for names in xs:
                 for nm in names:
                     g(f"q = q + {nm} * {nm}")
             self.reduce_sum(g, "q", "a")
-        self.finish_stats(g, "lane == 0 and rv")
+            if C > 1:
+                self.cluster_sum(g, "q", 1)
+        if C > 1:
+            g("cluster_arrive()  # done reading the peers' shared memory (the wait is at kernel end)")
+        self.finish_stats(g, "lane == 0 and rv and crank == 0", shifted=True)
         var = self.emit_row_affine(g)
         for names, ok, o in zip(xs, oks, offs):
-            with g.block(f"if {ok}:"):
-                self.emit_normalize_vec(g, names, o, var)
-        return KernelSource("normc_inner", g.text(), p.grid, p.threads, self.shared, self.ptypes())
+            self.emit_normalize_vec(g, names, o, var, ok)
+        if C > 1:
+            g("cluster_wait()  # peers may still read this CTA's shared memory until they arrive")
+        return KernelSource("normc_inner", g.text(), p.grid, p.threads, self.shared, self.ptypes(), C)
+
+    def cluster_sum(self, g, name, rnd):
+        """Sum a CTA-uniform value over the CTAs of the cluster (in rank order: every CTA gets the same
+        result). Thread 0 publishes it in shared memory; after the cluster barrier every thread adds the C
+        copies through distributed shared memory. ``rnd`` names this round's array (peers may still read the
+        previous round's)."""
+        C = self.p.cluster
+        self.smem(g, f"sX{rnd}", 1)
+        with g.block("if tid == 0:"):
+            g(f"sX{rnd}[0] = {name}")
+        g("cluster_arrive()")
+        g("cluster_wait()")
+        g(f"{name} = dsmem_ld(sX{rnd}, 0, 0)")
+        with g.block(f"for k in range(1, {C}):"):
+            g(f"{name} = {name} + dsmem_ld(sX{rnd}, 0, k)")
+
+    def load_trip(self, g, hi, TPR, U):
+        """One trip of a streaming loop over a row (inside ``for base in range(..., TPR * U)``): U vectors
+        ``base + u * TPR`` loaded before any is used (masked past ``hi``). Returns [(names, offsets, ok)]."""
+        items = []
+        for u in range(U):
+            c, ok, cc = g.new("c"), g.new("ok"), g.new("cc")
+            g(f"{c} = base + {u * TPR}")
+            g(f"{ok} = {c} < {hi}")
+            g(f"{cc} = min({c}, {hi} - 1)")
+            o = self.chunk_offsets(g, cc)
+            names = [g.new("x") for _ in range(self.V)]
+            self.load_x(g, names, f"xb + {o['x']}", ok)
+            items.append((names, o, ok))
+        return items
 
     def _welford_loop(self, g, lo, hi, TPR):
         """Per-thread Welford over vectors [lo, hi) of the row, LOOP vectors per trip; V accumulators."""
         V, U = self.V, self.p.per_thread
         self.acc_init(g)
         with g.block(f"for base in range({lo} + lane, {hi}, {TPR * U}):"):
-            items = []
-            for u in range(U):
-                c = g.new("c")
-                g(f"{c} = base + {u * TPR}")
-                ok = g.new("ok")
-                g(f"{ok} = {c} < {hi}")
-                cc = g.new("cc")
-                g(f"{cc} = min({c}, {hi} - 1)")
-                o = self.chunk_offsets(g, cc)
-                names = [g.new("x") for _ in range(V)]
-                self.load_x(g, names, f"xb + {o['x']}", ok)
-                items.append((ok, names))
-            for ok, names in items:
+            for names, _, ok in self.load_trip(g, hi, TPR, U):
                 with g.block(f"if {ok}:"):
+                    for nm in names:
+                        g(f"{nm} = {nm} - pv")
                     self.acc_update(g, names)
-        # merge the V lane accumulators (each has count cnt)
+        # merge the V lane accumulators (each has count cnt); mean is of x - pv
         g("n = cnt")
         g("mean = wm0")
         g("m2 = wq0")
@@ -472,30 +539,19 @@ class _Inner(_Kernel):
             _chan(g, "n", "mean", "m2", f"tn{j}", f"wm{j}", f"wq{j}")
 
     def _sumsq_loop(self, g, lo, hi, TPR):
-        V, U = self.V, self.p.per_thread
+        U = self.p.per_thread
         g("q = F32(0.0)")
         with g.block(f"for base in range({lo} + lane, {hi}, {TPR * U}):"):
-            for u in range(U):
-                c = g.new("c")
-                g(f"{c} = base + {u * TPR}")
-                ok = g.new("ok")
-                g(f"{ok} = {c} < {hi}")
-                cc = g.new("cc")
-                g(f"{cc} = min({c}, {hi} - 1)")
-                o = self.chunk_offsets(g, cc)
-                names = [g.new("x") for _ in range(V)]
-                self.load_x(g, names, f"xb + {o['x']}", ok)
+            for names, _, _ in self.load_trip(g, hi, TPR, U):  # masked lanes load 0
                 for nm in names:
                     g(f"q = q + {nm} * {nm}")
 
     def _normalize_loop(self, g, lo, hi, TPR):
-        V = self.V
         var = self.emit_row_affine(g)
-        with g.block(f"for c in range({lo} + lane, {hi}, {TPR}):"):
-            o = self.chunk_offsets(g, "c")
-            names = [g.new("x") for _ in range(V)]
-            self.load_x(g, names, f"xb + {o['x']}", "True")
-            self.emit_normalize_vec(g, names, o, var)
+        U = LOOP_UNROLL  # vectors loaded before any is stored: independent loads in flight
+        with g.block(f"for base in range({lo} + lane, {hi}, {TPR * U}):"):
+            for names, o, ok in self.load_trip(g, hi, TPR, U):
+                self.emit_normalize_vec(g, names, o, var, ok)
 
     def looped(self):
         p = self.p
@@ -507,6 +563,7 @@ class _Inner(_Kernel):
         if p.stat == "norm":
             self._welford_loop(g, "0", str(self.NC), self.TPR)
             self.reduce_triple(g, "n", "mean", "m2", "a")
+            g("mean = mean + pv  # the loop accumulated x - pv")
         else:
             self._sumsq_loop(g, "0", str(self.NC), self.TPR)
             self.reduce_sum(g, "q", "a")
@@ -563,6 +620,7 @@ class _Inner(_Kernel):
                 g("m2 = m2 + pq")
         if p.stat == "norm":
             self.reduce_triple(g, "n", "mean", "m2", "b")
+            g("mean = mean + pv  # the partials are of x - pv")
         else:
             g("q = m2")
             self.reduce_sum(g, "q", "b")
@@ -622,8 +680,16 @@ class _Outer(_Kernel):
         g.mark_decls()
         g(f"cx = tid % {p.nxc}")
         g(f"ry = tid // {p.nxc}")
-        g(f"act = ry < {p.ry}")
+        # Conditions known at generation time are emitted as the literal True (no branch in the kernel:
+        # fewer basic blocks also make Numba's compile much faster).
+        if p.threads == p.nxc * p.ry:
+            g("act = True")
+        else:
+            g(f"act = ry < {p.ry}")
         S = p.splits if splits is None else splits
+        self.static_cok = p.threads == p.nxc * p.ry and self.CB % p.tile == 0
+        RS_ = -(-self.RR // S)
+        self.min_rows = self.RR - (S - 1) * RS_  # rows of the last (smallest) slice
         g(f"sp_ = bid % {S}")
         g(f"t2 = bid // {S}")
         g(f"tile = t2 % {self.NT}")
@@ -632,15 +698,19 @@ class _Outer(_Kernel):
         for t, nm in (("x", "xb"), ("out", "ob"), ("scale", "sb"), ("shift", "hb"), ("stat", "mb")):
             g(f"{nm} = I64({_offset(cs, self.kout, t)})")
         g(f"col = tile * {p.tile} + cx * {self.V}")
-        g(f"cok = act and col < {self.CB}")
+        g("cok = True" if self.static_cok else f"cok = act and col < {self.CB}")
         g(f"colc = min(col, {self.CB - self.V})")
         self.co = self.col_offsets(g, "colc")
+        if p.stat == "norm":
+            self.emit_pivots(g)
         RS = -(-self.RR // S)
         g(f"r0 = sp_ * {RS}")
         g(f"r1 = min(r0 + {RS}, {self.RR})")
 
     def emit_rows_accumulate(self, g):
-        """Per-thread per-column statistics over this CTA's rows; leaves cnt and wm{j}, wq{j}."""
+        """Streaming schedules: per-thread per-column Welford statistics over this CTA's rows (of x - pivot),
+        leaving cnt and wm{j}, wq{j}. Persistent: only the loads into registers (``self.px``: per row, the
+        load condition, the V value names and the row offsets)."""
         p, V = self.p, self.V
         if p.schedule == "persistent":
             E = p.per_thread
@@ -649,54 +719,79 @@ class _Outer(_Kernel):
             for e in range(E):
                 r = g.new("rw")
                 g(f"{r} = r0 + ry + {e * p.ry}")
-                ok = g.new("ok")
-                g(f"{ok} = cok and {r} < r1")
-                rc = g.new("rcl")
-                g(f"{rc} = min({r}, {self.RR - 1})")
+                if self.static_cok and (e + 1) * p.ry <= self.min_rows:
+                    ok = "True"  # the row and column are always in range: no branch
+                    rc = r
+                    g("cnt += F32(1.0)")
+                else:
+                    ok = g.new("ok")
+                    g(f"{ok} = cok and {r} < r1")
+                    rc = g.new("rcl")
+                    g(f"{rc} = min({r}, {self.RR - 1})")
+                    g(f"if act and {r} < r1: cnt += F32(1.0)")
                 ro = self.row_offsets(g, rc)
                 names = [g.new("x") for _ in range(V)]
                 self.load_x(g, names, f"xb + {self.co['x']} + {ro['x']}", ok)
-                g(f"if act and {r} < r1: cnt += F32(1.0)")
                 self.px.append((ok, names, ro))
-            for j in range(V):
-                g(f"s{j} = F32(0.0)")
-                for _, names, _ in self.px:
-                    g(f"s{j} = s{j} + {names[j]}")
-                g(f"wm{j} = s{j} / max(cnt, F32(1.0))")
-                g(f"wq{j} = F32(0.0)")
-            for ok, names, _ in self.px:
-                with g.block(f"if {ok}:"):
-                    for j in range(V):
-                        g(f"wq{j} = wq{j} + ({names[j]} - wm{j}) * ({names[j]} - wm{j})")
-            if p.stat == "rms":
-                for j in range(V):
-                    g(f"wq{j} = F32(0.0)")
-                    for _, names, _ in self.px:
-                        g(f"wq{j} = wq{j} + {names[j]} * {names[j]}")
-            return
+            return  # persistent(): the statistics are taken from the registers in self.px
         U = p.per_thread
         self.acc_init(g)
         with g.block(f"for base in range(r0 + ry, r1, {p.ry * U}):"):
-            items = []
-            for u in range(U):
-                r = g.new("rw")
-                g(f"{r} = base + {u * p.ry}")
-                ok = g.new("ok")
-                g(f"{ok} = cok and {r} < r1")
-                rc = g.new("rcl")
-                g(f"{rc} = min({r}, {self.RR - 1})")
-                ro = self.row_offsets(g, rc)
-                names = [g.new("x") for _ in range(V)]
-                self.load_x(g, names, f"xb + {self.co['x']} + {ro['x']}", ok)
-                items.append((f"act and {r} < r1", names))
-            for ok, names in items:
-                with g.block(f"if {ok}:"):
+            for names, _, _, row_ok in self.load_rows_trip(g, U):
+                with g.block(f"if {row_ok}:"):
+                    if p.stat == "norm":
+                        for j, nm in enumerate(names):
+                            g(f"{nm} = {nm} - pv{j}")
                     self.acc_update(g, names, rms=p.stat == "rms")
+
+    def emit_pivots(self, g):
+        """Per-column pivots pv0..pv{V-1}: the value of the column in the reduction's first row (mixed: of
+        the first column of the column's group, so a group shares one). Statistics accumulate x - pivot, so
+        columns whose mean is large against their spread keep their digits."""
+        V = self.V
+        if self.p.strategy == "mixed":
+            for j in range(V):
+                gs = g.new("gs")
+                g(f"{gs} = ((colc + {j}) // {self.G}) * {self.G}")
+                co = self.col_offsets(g, gs)
+                g(f"pv{j} = ld1_{self.xt}(xp, xb + {co['x']})")
+        elif V == 1:
+            g(f"pv0 = ld1_{self.xt}(xp, xb + {self.co['x']})")
+        else:
+            g(f"{', '.join(f'pv{j}' for j in range(V))} = ld{V}_{self.xt}(xp, xb + {self.co['x']})")
+
+    def emit_pivot_table(self, g):
+        """sPv[column] = that column's pivot (written by the y-thread 0 of each x-thread; read after a barrier)."""
+        p, V, T = self.p, self.V, self.p.tile
+        if p.stat != "norm":
+            return
+        self.smem(g, "sPv", T)
+        with g.block("if act and ry == 0:"):
+            for j in range(V):
+                with g.block(f"if cx * {V} + {j} < {T}:"):
+                    g(f"sPv[cx * {V} + {j}] = pv{j}")
+
+    def load_rows_trip(self, g, U):
+        """One trip of a streaming loop over rows (inside ``for base in range(r0 + ry, r1, RY * U)``): U rows
+        ``base + u * RY`` of this thread's V columns, loaded before any is used. Returns
+        [(names, row offsets, load condition (row and column valid), row condition (row valid))]."""
+        items = []
+        for u in range(U):
+            r, ok, rc = g.new("rw"), g.new("ok"), g.new("rcl")
+            g(f"{r} = base + {u * self.p.ry}")
+            g(f"{ok} = cok and {r} < r1")
+            g(f"{rc} = min({r}, {self.RR - 1})")
+            ro = self.row_offsets(g, rc)
+            names = [g.new("x") for _ in range(self.V)]
+            self.load_x(g, names, f"xb + {self.co['x']} + {ro['x']}", ok)
+            items.append((names, ro, ok, f"act and {r} < r1"))
+        return items
 
     def emit_cta_combine(self, g):
         """Merge the y-threads' partials per column; thread lc < tile ends with column stats (n, mean, m2)."""
         p, V = self.p, self.V
         T = p.tile
+        self.emit_pivot_table(g)
         self.smem(g, "sN", p.ry)
         self.smem(g, "sM", p.ry * T)
         self.smem(g, "sQ", p.ry * T)
@@ -751,12 +846,14 @@ class _Outer(_Kernel):
                     else:
                         g("n = n + sCn[" + c + "]")
                         g(f"m2 = m2 + sCq[{c}]")
+                if p.stat == "norm":
+                    g(f"mean = mean + sPv[gi * {self.G}]  # the partials are of x - the group's pivot")
                 self.emit_rstd(g)
                 if p.stats:
                     gst = self.block[0].stat
-                    with g.block("if sp_ == 0:"):
-                        g(f"st1_f32(mp, mb + gi * {gst}, mean)")
-                        g(f"st1_f32(rp, mb + gi * {gst}, rstd)")
+                    with g.block(f"if sp_ == 0 and tile * {self.NG} + gi < {self.block[0].size}:"):
+                        g(f"st1_f32(mp, mb + (tile * {self.NG} + gi) * {gst}, mean)")
+                        g(f"st1_f32(rp, mb + (tile * {self.NG} + gi) * {gst}, rstd)")
                 g("sGa[gi] = rstd")
                 g("sGb[gi] = mean")
             g("cuda.syncthreads()")
@@ -766,6 +863,8 @@ class _Outer(_Kernel):
             g(f"c = sGb[lc // {self.G}]")
             g("b = F32(0.0)")
         else:
+            if p.stat == "norm":
+                g("mean = mean + sPv[lc]  # the partials are of x - the column's pivot")
             self.emit_rstd(g)
             if p.stats:
                 with g.block(f"if sp_ == 0 and tile * {T} + lc < {self.CB}:"):
@@ -776,18 +875,23 @@ class _Outer(_Kernel):
             g("c = mean")
             g("b = F32(0.0)")
         if fold:
-            g(f"gc = min(tile * {T} + lc, {self.CB - 1})")
-            co = self.col_offsets(g, "gc")
-            if p.scale_dtype is not None:
-                g(f"sv = ld1_{TAG[p.scale_dtype]}(sp, sb + {co['scale']})")
-                g("a = a * sv")
-            if p.shift_dtype is not None:
-                g(f"b = b + ld1_{TAG[p.shift_dtype]}(hp, hb + {co['shift']})")
+            self.emit_fold_params(g)
         g("sA[lc] = a")
         g("sB[lc] = b")
         g("sC[lc] = c")
         g.ind -= 1
         g("cuda.syncthreads()")
+
+    def emit_fold_params(self, g):
+        """Fold column lc's scale/shift (constant along the rows) into a, b."""
+        p, T = self.p, self.p.tile
+        g(f"gc = min(tile * {T} + lc, {self.CB - 1})")
+        co = self.col_offsets(g, "gc")
+        if p.scale_dtype is not None:
+            g(f"sv = ld1_{TAG[p.scale_dtype]}(sp, sb + {co['scale']})")
+            g("a = a * sv")
+        if p.shift_dtype is not None:
+            g(f"b = b + ld1_{TAG[p.shift_dtype]}(hp, hb + {co['shift']})")
 
     def emit_rstd(self, g):
         p = self.p
@@ -805,7 +909,7 @@ class _Outer(_Kernel):
             g(f"nb{j} = sB[min(cx * {V} + {j}, {p.tile - 1})]")
             g(f"nc{j} = sC[min(cx * {V} + {j}, {p.tile - 1})]")
 
-        def body(names, ro):
+        def body(names, ro, ok="True"):
             ys = [g.new("y") for _ in range(V)]
             for j in range(V):
                 g(f"{ys[j]} = ({names[j]} - nc{j}) * na{j} + nb{j}")
@@ -828,21 +932,234 @@ class _Outer(_Kernel):
                         vals = self.load_param(g, w, f"{base} + {self.co[w]} + {ro[w]}", step, False, V)
                     for j in range(V):
                         g(f"{ys[j]} = {ys[j]} * {vals[j]}" if w == "scale" else f"{ys[j]} = {ys[j]} + {vals[j]}")
-            self.store_out(g, ys, f"ob + {self.co['out']} + {ro['out']}")
+            self.store_out(g, ys, f"ob + {self.co['out']} + {ro['out']}", ok)
 
         if p.schedule == "persistent":
             for ok, names, ro in self.px:
-                with g.block(f"if {ok}:"):
-                    body(names, ro)
+                body(names, ro, ok)
         else:
-            with g.block("if cok:"):
-                with g.block(f"for r in range(r0 + ry, r1, {p.ry}):"):
-                    ro = self.row_offsets(g, "r")
-                    names = [g.new("x") for _ in range(V)]
-                    self.load_x(g, names, f"xb + {self.co['x']} + {ro['x']}", "True")
-                    body(names, ro)
+            U = LOOP_UNROLL  # rows loaded before any is stored: independent loads in flight
+            with g.block(f"for base in range(r0 + ry, r1, {p.ry * U}):"):
+                for names, ro, ok, _ in self.load_rows_trip(g, U):
+                    body(names, ro, ok)
 
-    def single(self):
+    def column_total(self, g, vals, dst, rnd):
+        """Sum per-thread per-column values ``vals`` (V names, one per column of this thread's vector) over the
+        y-threads of the CTA and, with a cluster, over its CTAs: ``dst[lc]`` holds column lc's total for
+        every lc of the tile afterwards (all threads synchronized). Plain sums (no Welford merges) keep the
+        combine short: the y-threads' partials are added with independent loads, then C DSMEM loads.
+        ``rnd`` names this round's shared arrays (a peer may still read the previous round's)."""
+        p, V, T, C = self.p, self.V, self.p.tile, self.p.cluster
+        RY = p.ry
+        self.smem(g, f"sR{rnd}", RY * T)
+        with g.block("if act:"):
+            for j in range(V):
+                g(f"sR{rnd}[ry * {T} + cx * {V} + {j}] = {vals[j]}")
+        g("cuda.syncthreads()")
+        tgt = f"sP{rnd}" if C > 1 else dst
+        if C > 1:
+            self.smem(g, tgt, T)
+        with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
+            g(f"tot = sR{rnd}[lc]")
+            with g.block(f"for k in range(1, {RY}):"):
+                g(f"tot = tot + sR{rnd}[k * {T} + lc]")
+            g(f"{tgt}[lc] = tot")
+        if C > 1:
+            g("cluster_arrive()")
+            g("cluster_wait()")
+            with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
+                g(f"tot = dsmem_ld({tgt}, lc, 0)")
+                with g.block(f"for k in range(1, {C}):"):
+                    g(f"tot = tot + dsmem_ld({tgt}, lc, k)")
+                g(f"{dst}[lc] = tot")
+        g("cuda.syncthreads()")
+
+    def group_total(self, g, src, dst):
+        """Mixed strategy: ``dst[lc]`` = sum of ``src`` over the columns of lc's group (whole groups per tile)."""
+        p, T, G = self.p, self.p.tile, self.G
+        with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
+            g(f"g0 = (lc // {G}) * {G}")
+            g(f"tot = {src}[g0]")
+            with g.block(f"for k in range(1, {G}):"):
+                g(f"tot = tot + {src}[g0 + k]")
+            g(f"{dst}[lc] = tot")
+        g("cuda.syncthreads()")
+
+    def persistent(self):
+        """x held in registers, read once. Statistics in two exact passes over the registers: column sums
+        -> mean, then sums of squared deviations -> variance (rms: sums of squares only). Each pass is a
+        plain sum over the CTA's y-threads and, with ``plan.cluster`` = C > 1, over the C CTAs of the
+        cluster (each CTA holds a slice of the rows, as ``setup`` assigns them) through distributed shared
+        memory. The mixed strategy sums the columns of each group afterwards. Count per column: all rows."""
+        p, V, T, C = self.p, self.V, self.p.tile, self.p.cluster
+        cnt = float(self.RR * (self.G if p.strategy == "mixed" else 1))
+        g = _Src()
+        self.setup(g, "normc_outer", splits=C)
+        self.emit_rows_accumulate(g)  # persistent: loads into registers (self.px)
+        if p.stat == "norm":
+            # registers hold x - pivot (masked lanes 0); means are of shifted values until written out
+            for ok, names, _ in self.px:
+                for j, nm in enumerate(names):
+                    g(f"{nm} = {nm} - pv{j}" if ok == "True" else f"{nm} = sel({ok}, {nm} - pv{j}, F32(0.0))")
+            self.emit_pivot_table(g)
+            for j in range(V):
+                g(f"u{j} = " + " + ".join(names[j] for _, names, _ in self.px))
+            self.smem(g, "sSum", T)
+            self.column_total(g, [f"u{j}" for j in range(V)], "sSum", 1)
+            if p.strategy == "mixed":
+                self.smem(g, "sGS", T)
+                self.group_total(g, "sSum", "sGS")
+                src = "sGS"
+            else:
+                src = "sSum"
+            self.smem(g, "sMu", T)
+            with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
+                g(f"sMu[lc] = {src}[lc] / F32({cnt!r})")
+            g("cuda.syncthreads()")
+            for j in range(V):
+                g(f"mu{j} = sMu[min(cx * {V} + {j}, {T - 1})]")
+            for j in range(V):
+                terms = []
+                for ok, names, _ in self.px:
+                    d2 = f"({names[j]} - mu{j}) * ({names[j]} - mu{j})"
+                    terms.append(d2 if ok == "True" else f"sel({ok}, {d2}, F32(0.0))")
+                g(f"q{j} = " + " + ".join(terms))
+        else:
+            for j in range(V):
+                g(f"q{j} = " + " + ".join(f"{names[j]} * {names[j]}" for _, names, _ in self.px))
+        self.smem(g, "sSq", T)
+        self.column_total(g, [f"q{j}" for j in range(V)], "sSq", 2)
+        if p.strategy == "mixed":
+            self.smem(g, "sGQ", T)
+            self.group_total(g, "sSq", "sGQ")
+            qsrc = "sGQ"
+        else:
+            qsrc = "sSq"
+        if C > 1:
+            g("cluster_arrive()  # done reading the peers' shared memory (the wait is at kernel end)")
+        self.smem(g, "sA", T)
+        self.smem(g, "sB", T)
+        self.smem(g, "sC", T)
+        with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
+            g("mean = sMu[lc]" if p.stat == "norm" else "mean = F32(0.0)")
+            wmean = "mean + sPv[lc]" if p.stat == "norm" else "mean"  # written: the unshifted mean
+            g(f"rstd = rsqrt({qsrc}[lc] / F32({cnt!r}) + F32({p.eps!r}))")
+            if p.stats:
+                if p.strategy == "mixed":
+                    gst = self.block[0].stat
+                    grp = f"tile * {self.NG} + lc // {self.G}"
+                    cond = f"sp_ == 0 and lc % {self.G} == 0 and {grp} < {self.block[0].size}"
+                    with g.block(f"if {cond}:"):
+                        g(f"st1_f32(mp, mb + ({grp}) * {gst}, {wmean})")
+                        g(f"st1_f32(rp, mb + ({grp}) * {gst}, rstd)")
+                else:
+                    so = self.block[0].stat
+                    with g.block(f"if sp_ == 0 and tile * {T} + lc < {self.CB}:"):
+                        g(f"st1_f32(mp, mb + (tile * {T} + lc) * {so}, {wmean})")
+                        g(f"st1_f32(rp, mb + (tile * {T} + lc) * {so}, rstd)")
+            g("a = rstd")
+            g("b = F32(0.0)")
+            g("c = mean")
+            if not self.rows_vary_params():
+                self.emit_fold_params(g)
+            g("sA[lc] = a")
+            g("sB[lc] = b")
+            g("sC[lc] = c")
+        g("cuda.syncthreads()")
+        self.emit_normalize(g)
+        if C > 1:
+            g("cluster_wait()")
+        return KernelSource("normc_outer", g.text(), p.grid, p.threads, self.shared, self.ptypes(), C)
+
+    def stats_sliced(self, P, ab):
+        """Split schedule, kernel 2 for the outer strategy: merge the splits' partial (n, mean, M2) of each
+        column and write its a, b, c (y = (x - c) * a + b) to the workspace table at ``ab``.
+
+        Work is spread over ``KO * NT * (T / W)`` CTAs, each owning W = vec columns of a tile (so a tile with
+        1,056 splits is merged by many SMs, not one): ``threads / W`` y-threads each merge every
+        (threads / W)-th split with LOOP_UNROLL loads in flight, then a tree of Chan merges in shared memory
+        (log2 steps) combines the y-threads."""
+        p, S, T, V = self.p, self.p.splits, self.p.tile, self.V
+        W = V
+        NS = T // W
+        YT = p.threads // W
+        U = LOOP_UNROLL
+        self.shared = 0
+        g = _Src()
+        g("def normc_outer_stats(xp, op, sp, hp, mp, rp, wp):")
+        g.ind += 1
+        g("tid = I64(cuda.threadIdx.x)")
+        g("bid = I64(cuda.blockIdx.x)")
+        g.mark_decls()
+        g(f"slc = bid % {NS}")
+        g(f"t2 = bid // {NS}")
+        g(f"tile = t2 % {self.NT}")
+        g(f"ko = t2 // {self.NT}")
+        cs = _coords(g, "ko", self.kout, "k")
+        for t, nm in (("x", "xb"), ("scale", "sb"), ("shift", "hb"), ("stat", "mb")):
+            g(f"{nm} = I64({_offset(cs, self.kout, t)})")
+        g(f"wc = tid % {W}")
+        g(f"yy = tid // {W}")
+        g(f"lc = slc * {W} + wc")
+        g("n = F32(0.0)")
+        g("mean = F32(0.0)")
+        g("m2 = F32(0.0)")
+        with g.block(f"for k0 in range(yy, {S}, {YT * U}):"):
+            loads = []
+            for u in range(U):
+                ok, wi = g.new("ok"), g.new("wi")
+                g(f"{ok} = k0 + {u * YT} < {S}")
+                g(f"{wi} = (t2 * {S} + min(k0 + {u * YT}, {S - 1})) * {T} + lc")
+                trip = [g.new("pn"), g.new("pm"), g.new("pq")]
+                for j, nm in enumerate(trip):
+                    g(f"{nm} = ldm1_f32(wp, {wi} + {j * P}, {ok})")
+                loads.append(trip)
+            for pn, pm, pq in loads:
+                if p.stat == "norm":
+                    _chan(g, "n", "mean", "m2", pn, pm, pq)
+                else:
+                    g(f"n = n + {pn}")
+                    g(f"m2 = m2 + {pq}")
+        for nm in ("tn", "tm", "tq"):
+            self.smem(g, nm, p.threads)
+        step = YT // 2
+        while step >= 1:
+            g("tn[tid] = n")
+            g("tm[tid] = mean")
+            g("tq[tid] = m2")
+            g("cuda.syncthreads()")
+            with g.block(f"if yy < {step}:"):
+                o = f"tid + {step * W}"
+                if p.stat == "norm":
+                    _chan(g, "n", "mean", "m2", f"tn[{o}]", f"tm[{o}]", f"tq[{o}]")
+                else:
+                    g(f"n = n + tn[{o}]")
+                    g(f"m2 = m2 + tq[{o}]")
+            g("cuda.syncthreads()")
+            step //= 2
+        with g.block(f"if yy == 0 and tile * {T} + lc < {self.CB}:"):
+            if p.stat == "norm":
+                co = self.col_offsets(g, f"tile * {T} + lc")
+                g(f"mean = mean + ld1_{self.xt}(xp, xb + {co['x']})  # the partials are of x - the pivot")
+            self.emit_rstd(g)
+            if p.stats:
+                so = self.block[0].stat
+                g(f"st1_f32(mp, mb + (tile * {T} + lc) * {so}, mean)")
+                g(f"st1_f32(rp, mb + (tile * {T} + lc) * {so}, rstd)")
+            g("a = rstd")
+            g("b = F32(0.0)")
+            g("c = mean")
+            if not self.rows_vary_params():
+                self.emit_fold_params(g)
+            g(f"st1_f32(wp, {ab} + (t2 * {T} + lc) * 3, a)")
+            g(f"st1_f32(wp, {ab} + (t2 * {T} + lc) * 3 + 1, b)")
+            g(f"st1_f32(wp, {ab} + (t2 * {T} + lc) * 3 + 2, c)")
+        return KernelSource("normc_outer_stats", g.text(), self.KO * self.NT * NS, p.threads, self.shared,
+                            self.ptypes())
+
+    def looped(self):
+        """One kernel, one CTA per column tile: a Welford loop over the tile's rows (per thread, then the
+        y-threads combined per column), then a second loop that re-reads the rows and normalizes them."""
         p = self.p
         g = _Src()
         self.setup(g, "normc_outer")
@@ -861,39 +1178,52 @@ class _Outer(_Kernel):
         self.setup(g, "normc_outer_partial")
         self.emit_rows_accumulate(g)
         self.emit_cta_combine(g)
+        # workspace: three planes (count, mean, M2) of P floats, indexed ((tile, split), column): consecutive
+        # threads write consecutive columns
+        P = self.KO * self.NT * T * S
         with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
             self.merge_column(g, "lc")
-            g(f"wi = ((t2 * {T} + lc) * {S} + sp_) * 3")
+            g(f"wi = (t2 * {S} + sp_) * {T} + lc")
             g("st1_f32(wp, wi, n)")
-            g("st1_f32(wp, wi + 1, mean)")
-            g("st1_f32(wp, wi + 2, m2)")
+            g(f"st1_f32(wp, wi + {P}, mean)")
+            g(f"st1_f32(wp, wi + {2 * P}, m2)")
         k1 = KernelSource("normc_outer_partial", g.text(), p.grid, p.threads, self.shared, self.ptypes())
         # kernel 2 (one CTA per column tile): y-thread ry merges splits ry, ry + RY, ... of its columns from
         # the workspace, the CTA combines the y-threads as the single-kernel schedule does, and the per-column
         # a, b, c (y = (x - c)*a + b) go to the workspace after the partials. Merging once here, not in every CTA of
         # kernel 3, keeps the merge O(splits) per column.
         V = self.V
-        cols = self.KO * self.NT * T
-        ab = 3 * cols * S  # offset of the a, b table in the workspace
+        ab = 3 * P  # offset of the a, b table in the workspace
+        U = LOOP_UNROLL  # splits merged per loop trip: their loads are independent and issued together
         self.shared = 0
         g = _Src()
         self.setup(g, "normc_outer_stats", splits=1)
         self.acc_init(g)
-        with g.block("if cok:"):
-            with g.block(f"for k in range(ry, {S}, {p.ry}):"):
-                g(f"wi = ((t2 * {T} + cx * {V}) * {S} + k) * 3")
-                g("pn = ld1_f32(wp, wi)")
-                g("nn = cnt + pn")
-                g("w = pn / max(nn, F32(1.0))")
+        with g.block(f"for k0 in range(ry, {S}, {p.ry * U}):"):
+            loads = []
+            for u in range(U):
+                ok, wi = g.new("ok"), g.new("wi")
+                g(f"{ok} = cok and k0 + {u * p.ry} < {S}")
+                g(f"{wi} = (t2 * {S} + min(k0 + {u * p.ry}, {S - 1})) * {T} + cx * {V}")
+                pn = g.new("pn")
+                g(f"{pn} = ldm1_f32(wp, {wi}, {ok})")
+                pm = [g.new("pm") for _ in range(V)]
+                pq = [g.new("pq") for _ in range(V)]
                 for j in range(V):
-                    g(f"wj = ((t2 * {T} + cx * {V} + {j}) * {S} + k) * 3")
                     if p.stat == "norm":
-                        g("pm = ld1_f32(wp, wj + 1)")
-                        g(f"d = pm - wm{j}")
+                        g(f"{pm[j]} = ldm1_f32(wp, {wi} + {P + j}, {ok})")
+                    g(f"{pq[j]} = ldm1_f32(wp, {wi} + {2 * P + j}, {ok})")
+                loads.append((pn, pm, pq))
+            for pn, pm, pq in loads:
+                g(f"nn = cnt + {pn}")
+                g(f"w = {pn} / max(nn, F32(1.0))")
+                for j in range(V):
+                    if p.stat == "norm":
+                        g(f"d = {pm[j]} - wm{j}")
                         g(f"wm{j} = wm{j} + d * w")
-                        g(f"wq{j} = wq{j} + ld1_f32(wp, wj + 2) + d * d * cnt * w")
+                        g(f"wq{j} = wq{j} + {pq[j]} + d * d * cnt * w")
                     else:
-                        g(f"wq{j} = wq{j} + ld1_f32(wp, wj + 2)")
+                        g(f"wq{j} = wq{j} + {pq[j]}")
                 g("cnt = nn")
         self.emit_cta_combine(g)
         g(f"for lc in range(tid, {T}, {p.threads}):")
@@ -905,6 +1235,8 @@ class _Outer(_Kernel):
             g(f"st1_f32(wp, {ab} + (t2 * {T} + lc) * 3 + 1, sB[lc])")
             g(f"st1_f32(wp, {ab} + (t2 * {T} + lc) * 3 + 2, sC[lc])")
         km = KernelSource("normc_outer_stats", g.text(), self.KO * self.NT, p.threads, self.shared, self.ptypes())
+        if p.strategy == "outer":
+            km = self.stats_sliced(P, ab)
         # kernel 3: every split CTA reads its columns' a, b and normalizes its rows
         self.shared = 0
         g = _Src()
@@ -936,4 +1268,6 @@ def generate(plan) -> list[KernelSource]:
     k = _Outer(plan)
     if plan.schedule == "split":
         return k.split()
-    return [k.single()]
+    if plan.schedule == "persistent":
+        return [k.persistent()]
+    return [k.looped()]

@@ -9,6 +9,14 @@ words, so they are built here as Numba intrinsics emitting LLVM IR with llvmlite
 
 float16 uses LLVM's ``half`` (``cvt.f32.f16`` / ``cvt.rn.f16.f32``). bfloat16 widens by a 16-bit shift and
 narrows with integer round-to-nearest-even, NaN kept quiet (0x7fc0), as PyTorch's ``c10::BFloat16`` does.
+Thread-block clusters (sm_90+) for reductions spread over several CTAs:
+
+* ``cluster_arrive()`` / ``cluster_wait()``: ``barrier.cluster.arrive.release`` / ``barrier.cluster.wait.acquire``
+  (every thread of every CTA of the cluster; writes to shared memory before the arrive are visible to the
+  whole cluster after the wait).
+* ``dsmem_ld(arr, i, rank)``: element ``i`` of the shared array ``arr`` *of CTA ``rank`` of the cluster*
+  (distributed shared memory: ``mapa`` maps the generic address into the peer's window, then a generic load).
+
 All of it compiles into the kernel: no external functions.
 """
 
@@ -18,6 +26,7 @@ import math
 
 from llvmlite import ir
 from numba import cuda, float32, int64, types
+from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 TAGS = ("f32", "f16", "bf16")
@@ -90,33 +99,148 @@ def _make_load(tag, width):
     return ld
 
 
+def _make_masked_load(tag, width):
+    """``ldm{width}_{tag}(p, i, ok)``: the load of ``ld{width}_{tag}`` when ``ok``, else zeros. The condition
+    becomes an LLVM branch (predicated load), not a Numba basic block: generated kernels stay straight-line
+    code, which Numba types and lowers much faster."""
+    @intrinsic
+    def ldm(typingctx, ptr, idx, ok):
+        if not isinstance(ptr, types.CPointer) or not isinstance(idx, types.Integer):
+            return None
+        ret = float32 if width == 1 else types.UniTuple(float32, width)
+        sig = ret(ptr, idx, ok)
+
+        def codegen(context, builder, signature, args):
+            p, i, c = args
+            i = context.cast(builder, i, signature.args[1], int64)
+            c = context.cast(builder, c, signature.args[2], types.boolean)
+            ety = _elem_ir(tag)
+            vty = ety if width == 1 else ir.VectorType(ety, width)
+            slot = cgutils.alloca_once_value(builder, ir.Constant(vty, None))
+            with builder.if_then(c, likely=True):
+                builder.store(builder.load(_global_ptr(builder, p, i, tag, width), align=width * _ITEM[tag]), slot)
+            val = builder.load(slot)
+            if width == 1:
+                return _to_f32(builder, tag, val)
+            elems = [_to_f32(builder, tag, builder.extract_element(val, ir.Constant(_i32, k)))
+                     for k in range(width)]
+            return context.make_tuple(builder, signature.return_type, elems)
+
+        return sig, codegen
+
+    ldm.__name__ = f"ldm{width}_{tag}"
+    return ldm
+
+
+def _store_codegen(tag, width):
+    def codegen(context, builder, signature, args):
+        p, i, v = args[:3]
+        i = context.cast(builder, i, signature.args[1], int64)
+        vt = signature.args[2]
+        if width == 1:
+            f = context.cast(builder, v, vt, float32)
+            builder.store(_from_f32(builder, tag, f), _global_ptr(builder, p, i, tag, 1), align=_ITEM[tag])
+            return context.get_dummy_value()
+        vec = ir.Constant(ir.VectorType(_elem_ir(tag), width), ir.Undefined)
+        for k in range(width):
+            f = context.cast(builder, builder.extract_value(v, k), vt[k], float32)
+            vec = builder.insert_element(vec, _from_f32(builder, tag, f), ir.Constant(_i32, k))
+        builder.store(vec, _global_ptr(builder, p, i, tag, width), align=width * _ITEM[tag])
+        return context.get_dummy_value()
+
+    return codegen
+
+
 def _make_store(tag, width):
     @intrinsic
     def st(typingctx, ptr, idx, vals):
         if not isinstance(ptr, types.CPointer) or not isinstance(idx, types.Integer):
             return None
-        sig = types.void(ptr, idx, vals)
+        return types.void(ptr, idx, vals), _store_codegen(tag, width)
+
+    st.__name__ = f"st{width}_{tag}"
+    return st
+
+
+def _asm(builder, text, constraints, ret, args):
+    fnty = ir.FunctionType(ret, [a.type for a in args])
+    return builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), args)
+
+
+@intrinsic
+def cluster_arrive(typingctx):
+    """Arrive at the cluster barrier (release: this thread's earlier shared-memory writes become visible)."""
+    def codegen(context, builder, signature, args):
+        _asm(builder, "barrier.cluster.arrive.release.aligned;", "~{memory}", ir.VoidType(), [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@intrinsic
+def cluster_wait(typingctx):
+    """Wait until every thread of the cluster has arrived (acquire)."""
+    def codegen(context, builder, signature, args):
+        _asm(builder, "barrier.cluster.wait.acquire.aligned;", "~{memory}", ir.VoidType(), [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@intrinsic
+def dsmem_ld(typingctx, arr, idx, rank):
+    """float32 element ``idx`` of shared array ``arr`` in the CTA of cluster rank ``rank``."""
+    if not isinstance(arr, types.Array) or arr.dtype != float32:
+        return None
+    sig = float32(arr, idx, rank)
+
+    def codegen(context, builder, signature, args):
+        a, i, r = args
+        ary = context.make_array(signature.args[0])(context, builder, value=a)
+        i = context.cast(builder, i, signature.args[1], int64)
+        r = builder.trunc(context.cast(builder, r, signature.args[2], int64), _i32)
+        addr = builder.ptrtoint(builder.gep(ary.data, [i]), ir.IntType(64))
+        peer = _asm(builder, "mapa.u64 $0, $1, $2;", "=l,l,r", ir.IntType(64), [addr, r])
+        return builder.load(builder.inttoptr(peer, ir.PointerType(_f32)), align=4)
+
+    return sig, codegen
+
+
+def _make_masked_store(tag, width):
+    """``stm{width}_{tag}(p, i, vals, ok)``: the store of ``st{width}_{tag}`` when ``ok`` (an LLVM branch)."""
+
+    @intrinsic
+    def stm(typingctx, ptr, idx, vals, ok):
+        if not isinstance(ptr, types.CPointer) or not isinstance(idx, types.Integer):
+            return None
+        sig = types.void(ptr, idx, vals, ok)
+        store = _store_codegen(tag, width)
 
         def codegen(context, builder, signature, args):
-            p, i, v = args
-            i = context.cast(builder, i, signature.args[1], int64)
-            vt = signature.args[2]
-            if width == 1:
-                f = context.cast(builder, v, vt, float32)
-                builder.store(_from_f32(builder, tag, f), _global_ptr(builder, p, i, tag, 1), align=_ITEM[tag])
-                return context.get_dummy_value()
-            vec = ir.Constant(ir.VectorType(_elem_ir(tag), width), None)
-            vec = ir.Constant(ir.VectorType(_elem_ir(tag), width), ir.Undefined)
-            for k in range(width):
-                f = context.cast(builder, builder.extract_value(v, k), vt[k], float32)
-                vec = builder.insert_element(vec, _from_f32(builder, tag, f), ir.Constant(_i32, k))
-            builder.store(vec, _global_ptr(builder, p, i, tag, width), align=width * _ITEM[tag])
+            c = context.cast(builder, args[3], signature.args[3], types.boolean)
+            with builder.if_then(c, likely=True):
+                store(context, builder, signature, args)
             return context.get_dummy_value()
 
         return sig, codegen
 
-    st.__name__ = f"st{width}_{tag}"
-    return st
+    stm.__name__ = f"stm{width}_{tag}"
+    return stm
+
+
+@intrinsic
+def sel(typingctx, cond, a, b):
+    """``a if cond else b`` for float32 values, as one LLVM ``select`` (no branch)."""
+    sig = float32(cond, a, b)
+
+    def codegen(context, builder, signature, args):
+        c, x, y = args
+        c = context.cast(builder, c, signature.args[0], types.boolean)
+        x = context.cast(builder, x, signature.args[1], float32)
+        y = context.cast(builder, y, signature.args[2], float32)
+        return builder.select(c, x, y)
+
+    return sig, codegen
 
 
 @cuda.jit(device=True, inline=True)
@@ -141,10 +265,14 @@ def namespace() -> dict:
     """Globals for exec'ing generated kernel source for the GPU."""
     ns = {
         "cuda": cuda, "I64": int64, "F32": float32, "F32T": float32, "rsqrt": rsqrt,
-        "shfl_xor": shfl_xor, "shfl_idx": shfl_idx, "min": min, "max": max, "range": range,
+        "shfl_xor": shfl_xor, "shfl_idx": shfl_idx, "cluster_arrive": cluster_arrive, "cluster_wait": cluster_wait,
+        "dsmem_ld": dsmem_ld, "min": min, "max": max, "range": range,
     }
     for tag in TAGS:
         for w in WIDTHS[tag]:
             ns[f"ld{w}_{tag}"] = _make_load(tag, w)
             ns[f"st{w}_{tag}"] = _make_store(tag, w)
+            ns[f"ldm{w}_{tag}"] = _make_masked_load(tag, w)
+            ns[f"stm{w}_{tag}"] = _make_masked_store(tag, w)
+    ns["sel"] = sel
     return ns

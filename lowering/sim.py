@@ -8,6 +8,7 @@ and stores convert through numpy, and a shuffle is an exchange through the block
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -55,6 +56,27 @@ def _make_st(tag, w):
     return st
 
 
+def _make_ldm(tag, w):
+    ld = _make_ld(tag, w)
+    zero = np.float32(0.0) if w == 1 else (np.float32(0.0),) * w
+    return lambda p, i, ok: ld(p, i) if ok else zero
+
+
+def _make_stm(tag, w):
+    st = _make_st(tag, w)
+
+    def stm(p, i, vals, ok):
+        if ok:
+            st(p, i, vals)
+
+    return stm
+
+
+def sel(c, a, b):
+    """``a if c else b`` as float32."""
+    return np.float32(a if c else b)
+
+
 def _exchange(v, partner_of):
     t = threading.current_thread()
     mgr = t._manager
@@ -88,23 +110,101 @@ def _i64(v):
     return int(v)
 
 
-def namespace() -> dict:
-    """Globals for exec'ing generated kernel source for Numba's CUDA simulator."""
+class _Dim:
+    __slots__ = ("x", "y", "z")
+
+    def __init__(self, x):
+        self.x, self.y, self.z = x, 0, 0
+
+
+class _ClusterShared:
+    def __init__(self, owner):
+        self.owner = owner
+
+    def array(self, n, dtype):
+        """This CTA's slice of one allocation shared by the whole simulated cluster (keyed by call site)."""
+        t = threading.current_thread()
+        f = sys._getframe(1)
+        store = t._manager.__dict__.setdefault("_normc_cluster_smem", {})
+        big = store.setdefault((f.f_code, f.f_lineno), np.zeros(self.owner.C * int(n), dtype))
+        r = t.threadIdx.x // self.owner.T
+        return big[r * int(n):(r + 1) * int(n)]
+
+
+class _ClusterCuda:
+    """The ``cuda`` name for a cluster kernel on the simulator.
+
+    The simulator runs blocks one after another, so CTAs that wait for each other would deadlock. A cluster
+    of ``C`` CTAs of ``T`` threads therefore runs as *one* simulated block of ``C * T`` threads: this object
+    reports each thread's CTA-local ``threadIdx`` and its CTA's ``blockIdx``, gives each CTA its own slice of
+    every shared array, and ``syncthreads`` (a barrier of the whole simulated block) stands in for both the
+    CTA barrier and the cluster barrier (both are stronger-than-needed, never weaker).
+    """
+
+    def __init__(self, C, T):
+        self.C, self.T = C, T
+        self.shared = _ClusterShared(self)
+
+    @property
+    def threadIdx(self):
+        return _Dim(threading.current_thread().threadIdx.x % self.T)
+
+    @property
+    def blockIdx(self):
+        t = threading.current_thread()
+        return _Dim(t.blockIdx.x * self.C + t.threadIdx.x // self.T)
+
+    @staticmethod
+    def syncthreads():
+        threading.current_thread().syncthreads()
+
+
+def cluster_arrive():
+    """Simulator cluster arrive: a barrier of the simulated cluster block (see :class:`_ClusterCuda`)."""
+    threading.current_thread().syncthreads()
+
+
+def cluster_wait():
+    """Simulator cluster wait: nothing left to wait for after :func:`cluster_arrive`'s full barrier."""
+
+
+def dsmem_ld(arr, i, rank):
+    """Element ``i`` of CTA ``rank``'s copy of the shared array ``arr`` (a slice of one cluster-wide array)."""
+    return arr.base[int(rank) * len(arr) + int(i)]
+
+
+def namespace(cluster=1, threads=1) -> dict:
+    """Globals for exec'ing generated kernel source for Numba's CUDA simulator (``cluster`` CTAs of
+    ``threads`` threads per cluster)."""
     ns = {
-        "cuda": cuda, "I64": _i64, "F32": np.float32, "F32T": np.float32, "rsqrt": rsqrt,
-        "shfl_xor": shfl_xor, "shfl_idx": shfl_idx, "min": min, "max": max, "range": range,
+        "cuda": cuda if cluster == 1 else _ClusterCuda(cluster, threads), "I64": _i64, "F32": np.float32,
+        "F32T": np.float32, "rsqrt": rsqrt, "shfl_xor": shfl_xor, "shfl_idx": shfl_idx,
+        "cluster_arrive": cluster_arrive, "cluster_wait": cluster_wait, "dsmem_ld": dsmem_ld,
+        "min": min, "max": max, "range": range,
     }
     for tag in TAGS:
         for w in WIDTHS[tag]:
             ns[f"ld{w}_{tag}"] = _make_ld(tag, w)
             ns[f"st{w}_{tag}"] = _make_st(tag, w)
+            ns[f"ldm{w}_{tag}"] = _make_ldm(tag, w)
+            ns[f"stm{w}_{tag}"] = _make_stm(tag, w)
+    ns["sel"] = sel
     return ns
 
 
 def load(ks):
-    """exec a :class:`KernelSource` for the simulator; returns a simulator kernel (``k[grid, block](...)``)."""
+    """exec a :class:`KernelSource` for the simulator; returns ``launch(*arrays)``.
+
+    A cluster kernel (``ks.cluster`` > 1) runs each cluster as one simulated block (:class:`_ClusterCuda`)."""
     from numba.cuda.simulator.kernel import FakeCUDAKernel
 
-    ns = namespace()
+    C = ks.cluster
+    ns = namespace(C, ks.block)
     exec(compile(ks.source, f"<normc-sim:{ks.name}>", "exec"), ns)
-    return FakeCUDAKernel(ns[ks.name], device=False)
+    kern = FakeCUDAKernel(ns[ks.name], device=False)
+    grid, block = ks.grid // C, ks.block * C
+
+    def launch(*arrays):
+        kern[grid, block](*arrays)
+
+    return launch

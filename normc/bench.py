@@ -116,14 +116,30 @@ def peer_fns(row, spec, sc, sh):
 
 
 def copy_bandwidth() -> float:
-    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus written (2 GiB buffers)."""
+    """Device-to-device copy bandwidth in bytes/s, counting bytes read plus written (2 GiB buffers).
+
+    Timed as ``../shared/bench/peers-h200.md`` did (``triton.testing.do_bench`` median of ``b.copy_(a)``, no
+    CUDA graph: inside a graph torch's copy becomes a copy-engine memcpy node, about 2.8 TB/s on the H200
+    instead of about 4.3 through the SMs); falls back to CUDA events without triton."""
     import torch
 
     a = torch.empty(2**29, dtype=torch.float32, device="cuda")
     b = torch.empty_like(a)
-    us = _time_graph(lambda i: b.copy_(a), rotations=1)
+    try:
+        from triton.testing import do_bench
+
+        ms = do_bench(lambda: b.copy_(a), warmup=25, rep=200, return_mode="median")
+    except ImportError:
+        b.copy_(a)
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        for _ in range(20):
+            b.copy_(a)
+        e1.record()
+        e1.synchronize()
+        ms = e0.elapsed_time(e1) / 20
     del a, b
-    return 2 * 2**31 / (us * 1e-6)
+    return 2 * 2**31 / (ms * 1e-3)
 
 
 def _time_graph(call, rotations):
@@ -257,6 +273,12 @@ def markdown(result) -> str:
              f"run; normc {meta['normc']}, torch {meta.get('torch', '?')}. Times are median µs per call "
              "(CUDA-graph replay over rotating inputs); floor = x read once + y written once at the copy bandwidth; "
              "reads = times normc's plan reads x.", ""]
+    sessions = meta.get("sessions", [])
+    if len(sessions) > 1:
+        lines += [f"The run was resumed: {len(sessions)} sessions on the same machine kind (started "
+                  + ", ".join(f"{x['started']} with {x['rows_before']} rows done, copy "
+                              f"{x['bandwidth_measured'] / 1e12:.2f} TB/s" for x in sessions)
+                  + "); the floor uses the first session's bandwidth.", ""]
     sm = result["summary"]
     if sm["geomean_speedup_vs_best_peer"]:
         lines += [f"Geometric-mean speedup over the best peer: {sm['geomean_speedup_vs_best_peer']:.2f}x; faster "
@@ -302,7 +324,7 @@ def chart(result, path) -> bool:
     return True
 
 
-def run(table=None, rows=None, systems=SYSTEMS, out_dir=None, progress=True) -> dict:
+def run(table=None, rows=None, systems=SYSTEMS, out_dir=None, progress=True, resume=False) -> dict:
     """Benchmark the table on the current GPU; write ``bench.json``, ``bench.md`` and ``bench.png`` to ``out_dir``.
 
     Args:
@@ -311,6 +333,8 @@ def run(table=None, rows=None, systems=SYSTEMS, out_dir=None, progress=True) -> 
         systems: subset of ``normc, eager, compile, liger``.
         out_dir: where to write the reports (default: don't write).
         progress: show a progress bar (tqdm when installed, else one line per row).
+        resume: continue the run recorded in ``out_dir/bench.json`` (written after every row): rows already
+            there are kept, not re-run; the copy bandwidth of each session is recorded in ``meta``.
 
     Raises:
         normc.ArgumentError: no CUDA GPU or no torch.
@@ -327,7 +351,19 @@ def run(table=None, rows=None, systems=SYSTEMS, out_dir=None, progress=True) -> 
 
     tab = load_table(table)
     idx = list(range(len(tab))) if rows is None else list(rows)
-    bw = copy_bandwidth()
+    done, sessions = {}, []
+    path = os.path.join(out_dir, "bench.json") if out_dir else None
+    if resume and path and os.path.exists(path):
+        with open(path) as f:
+            prev = json.load(f)
+        done = {r["row"]: r for r in prev.get("rows", [])}
+        sessions = prev.get("meta", {}).get("sessions", [])
+        bw = prev["meta"]["bandwidth"]  # one floor for the whole run
+    else:
+        bw = copy_bandwidth()
+    sessions.append({"started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "rows_before": len(done),
+                     "bandwidth_measured": copy_bandwidth() if done else bw})
+    idx = [i for i in idx if i not in done]
     props = torch.cuda.get_device_properties(0)
     l2 = getattr(props, "L2_cache_size", 60e6)
     it = idx
@@ -339,23 +375,32 @@ def run(table=None, rows=None, systems=SYSTEMS, out_dir=None, progress=True) -> 
             it = bar = tqdm(idx, desc="normc bench", unit="row")
         except ImportError:
             pass
-    results = []
+    results = list(done.values())
+
+    def snapshot():
+        res = {"meta": meta, "rows": sorted(results, key=lambda r: r["row"])}
+        res["summary"] = summarize(res["rows"])
+        return res
+
+    meta = {"device": torch.cuda.get_device_name(0), "bandwidth": bw, "normc": normc.__version__,
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "python": platform.python_version(), "table": table or "bundled anchors", "sessions": sessions}
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
     for i in it:
         r = bench_row(i, tab[i], bw, systems, l2)
         results.append(r)
+        if path:  # after every row, so an interrupted run can be resumed
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                json.dump(snapshot(), f, indent=1)
+            os.replace(tmp, path)
         if progress and bar is None:
             n = r["systems"].get("normc", {}).get("us")
             print(f"row {i}: {r['family']} {r['shape']} {r['memory_order']}: normc {n and round(n, 1)} µs", flush=True)
-    result = {
-        "meta": {"device": torch.cuda.get_device_name(0), "bandwidth": bw, "normc": normc.__version__,
-                 "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                 "python": platform.python_version(), "table": table or "bundled anchors"},
-        "rows": results,
-    }
-    result["summary"] = summarize(results)
+    result = snapshot()
     if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        with open(os.path.join(out_dir, "bench.json"), "w") as f:
+        with open(path, "w") as f:
             json.dump(result, f, indent=1)
         with open(os.path.join(out_dir, "bench.md"), "w") as f:
             f.write(markdown(result))

@@ -125,15 +125,17 @@ def _emit(text: str, path):
 
 def ptx_text(kernels, workspace_floats=0) -> str:
     """The ``normc ptx`` output for a list of :class:`normc.lowering.LoweredKernel`: each module after a
-    ``// normc kernel i/n: entry=E, grid=G, block=B, shared=S bytes, workspace=W floats`` header line, in
-    launch order. Every kernel takes seven pointers (x, out, scale, shift, mean, rstd, workspace); the
-    workspace is a float32 scratch buffer of W elements shared by the kernels of one call (W = 0: pass null)."""
+    ``// normc kernel i/n: entry=E, grid=G, block=B, shared=S bytes, workspace=W floats, cluster=C`` header
+    line, in launch order. Every kernel takes seven pointers (x, out, scale, shift, mean, rstd, workspace); the
+    workspace is a float32 scratch buffer of W elements shared by the kernels of one call (W = 0: pass null).
+    G counts CTAs; C > 1 means the kernel must be launched with thread-block clusters of C CTAs along x
+    (``cudaLaunchAttributeClusterDimension``), G / C clusters."""
     out = []
     n = len(kernels)
     for i, k in enumerate(kernels, 1):
         out.append(
             f"// normc kernel {i}/{n}: entry={k.entry}, grid={k.grid}, block={k.block}, "
-            f"shared={k.shared_bytes} bytes, workspace={workspace_floats} floats\n"
+            f"shared={k.shared_bytes} bytes, workspace={workspace_floats} floats, cluster={k.cluster}\n"
         )
         out.append(k.ptx if k.ptx.endswith("\n") else k.ptx + "\n")
     return "".join(out)
@@ -150,11 +152,26 @@ def _cmd_plan(args) -> int:
     return 0
 
 
-def _cmd_ptx(args) -> int:
-    from .lowering import assemble, link, lower
+def _backward_plan_from_args(args):
+    from .runtime.backward import plan_backward
+    from .spec import spec as parse_spec
 
-    plan = _plan_from_args(args)
-    kernels = lower(plan)
+    shape = _parse_shape(args.shape)
+    sp = parse_spec(args.spec, eps=_parse_eps(args.eps), **_parse_sizes(args.size))
+    sp.axis_sizes(shape)
+    return plan_backward(sp, shape, _parse_dtype(args.dtype, "--dtype"), layout=args.layout,
+                         dy_dtype=_parse_dtype(args.out_dtype, "--out-dtype"), arch=args.arch)
+
+
+def _cmd_ptx(args) -> int:
+    from .lowering import assemble, link, lower, lower_backward
+
+    if getattr(args, "backward", False):
+        plan = _backward_plan_from_args(args)
+        kernels = lower_backward(plan)
+    else:
+        plan = _plan_from_args(args)
+        kernels = lower(plan)
     if args.resource_usage:
         for i, k in enumerate(kernels, 1):
             u = assemble(k.ptx, plan.arch)[1]
@@ -187,7 +204,28 @@ def _cmd_bench(args) -> int:
         if not re.fullmatch(r"\d+(,\d+)*", args.rows.replace(" ", "")):
             raise _UsageError(f"--rows {args.rows!r}: expected comma-separated row indices, e.g. 0,5,9")
         rows = [int(t) for t in args.rows.replace(" ", "").split(",")]
-    result = run(table=args.table, rows=rows, systems=systems, out_dir=args.out)
+    if args.render:
+        import json as _json
+
+        from .bench import chart
+
+        if not args.out:
+            raise _UsageError("--render needs --out (the directory holding bench.json)")
+        try:
+            with open(os.path.join(args.out, "bench.json")) as f:
+                result = _json.load(f)
+        except OSError as e:
+            raise _UsageError(f"cannot read {os.path.join(args.out, 'bench.json')}: {e.strerror or e}") from None
+        with open(os.path.join(args.out, "bench.md"), "w") as f:
+            f.write(markdown(result))
+        if not chart(result, os.path.join(args.out, "bench.png")):
+            print("normc bench: matplotlib is not installed: bench.png not written (pip install 'normc[bench]')",
+                  file=sys.stderr)
+        sys.stdout.write(markdown(result))
+        return 0
+    if args.resume and not args.out:
+        raise _UsageError("--resume needs --out (the directory holding the run's bench.json)")
+    result = run(table=args.table, rows=rows, systems=systems, out_dir=args.out, resume=args.resume)
     sys.stdout.write(markdown(result))
     return 0
 
@@ -290,6 +328,9 @@ examples:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_common(p)
+    p.add_argument("--backward", action="store_true", help="the gradient kernels instead (dx, dscale, dshift; "
+                   "nine pointers each: dy, x, scale, mean, rstd, dx, workspace, dscale, dshift; --out-dtype is "
+                   "dy's dtype); see docs/backward.md")
     p.add_argument("--cubin", action="store_true", help="write one cubin (all kernels linked by nvJitLink for "
                    "--arch) to the -o FILE instead of PTX")
     p.add_argument("--resource-usage", action="store_true", help="report registers, shared memory, stack and "
@@ -311,6 +352,11 @@ examples:
     p.add_argument("--systems", default="normc,eager,compile,liger", metavar="S,...",
                    help="systems to run (default: normc,eager,compile,liger)")
     p.add_argument("--out", default=None, metavar="DIR", help="write bench.json, bench.md, bench.png here")
+    p.add_argument("--render", action="store_true",
+                   help="no GPU run: rewrite bench.md and bench.png from --out/bench.json (e.g. on a machine with "
+                        "matplotlib)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --out/bench.json (written after every row) instead of starting over")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser(

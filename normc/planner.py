@@ -56,6 +56,9 @@ LOOP_UNROLL = 4
 # One warp access should touch >= 128 contiguous bytes (quack coalescing notes, design/anchors.md); with
 # 16-byte vectors a 256-byte run feeds 16 lanes.
 MIXED_MAX_RUN_BYTES = 256
+# Mixed strategy: a CTA's column tile holds whole groups and spans at least this many contiguous bytes
+# (one 128-byte line per row, so a warp's accesses stay coalesced) before it holds more groups.
+MIXED_MIN_TILE_BYTES = 128
 # Outer reductions too long for registers: one CTA per column tile (single kernel, the re-read mostly hits
 # L2) once there is a tile per SM; below that, split the rows over CTAs. Measured on the H200 for NHWC
 # instance norm (256, 128, 28, 28): float16 74.4 us looped vs 78.3 us split, float32 108.7 vs 101.2.
@@ -69,6 +72,25 @@ INNER_LOOPED_MIN_ROWS_PER_SM = 1
 MIXED_MAX_SPLIT_PARTIALS = 32768
 # Streaming CTAs per SM that the split schedule aims for (4 x 512 threads = one full SM).
 SPLIT_CTAS_PER_SM = 4
+# CTAs per thread-block cluster tried for reductions too large for one CTA's registers (sm_90+): 8 is the
+# largest portable cluster size (CUDA programming guide, "Thread Block Clusters"); the CTAs of a cluster are
+# co-scheduled on one GPC and read each other's shared memory (DSMEM), so the partial statistics of a
+# reduction spread over them merge without a second pass over x (QuACK's cluster reductions,
+# design/anchors.md).
+CLUSTER_SIZES = (2, 4, 8, 16)
+# Sizes above 8 are "non-portable": the runtime sets cudaFuncAttributeNonPortableClusterSizeAllowed (H100/H200
+# accept 16).
+PORTABLE_CLUSTER = 8
+# Clusters need compute capability 9.0 (Hopper) or newer.
+CLUSTER_MIN_CC = (9, 0)
+# Short rows (<= 32 vectors): vectors per thread, so that each row needs only log2(vectors / 4) shuffle
+# steps and each thread issues several independent loads (memory-level parallelism).
+SHORT_ROW_VECTORS = 4
+# A looped schedule (one CTA per reduction, re-reading its values) reads HBM about once when the values of
+# the reductions in flight (one per SM) stay in L2: below this many bytes it is preferred to a cluster.
+# Half the H200's 60 MB L2; measured on the H200: NHWC instance norm (256, 128, 28, 28) float16 (26.5 MB in
+# flight) looped 61 us vs cluster 77 us; float32 (53 MB) looped 108 us vs cluster 79 us.
+LOOPED_L2_BYTES = 30 * 2**20
 # Default multiprocessor count when planning without a GPU: H100/H200 SXM have 132 SMs.
 DEFAULT_SMS = 132
 
@@ -100,6 +122,8 @@ class Plan:
         group: mixed: columns per kept group (the short reduced axis' extent); 1 for outer.
         per_thread: persistent: vectors held per thread; looped/split: vectors loaded per loop trip.
         splits: CTAs per reduction (split schedule), else 1.
+        cluster: CTAs per thread-block cluster sharing one reduction through distributed shared memory
+            (persistent schedule on sm_90+), else 1.
         grid: CTAs of the (each) kernel.
         kept, reduced: number of kept indices (reductions) and elements per reduction.
         arch: compute capability the plan was made for, e.g. ``"sm_90"``.
@@ -134,6 +158,7 @@ class Plan:
     reduced: int
     arch: str
     sms: int
+    cluster: int = 1
     why: tuple = field(default=(), compare=False)
 
     @property
@@ -185,6 +210,9 @@ class Plan:
                 f"tiling:   vec={self.vec} column tile={self.tile} (x-threads={self.nxc}, y-threads={self.ry}) "
                 f"group={self.group} vectors/thread={self.per_thread} splits={self.splits}"
             )
+        if self.cluster > 1:
+            lines.append(f"cluster:  {self.cluster} CTAs per reduction, partial statistics merged through "
+                         "distributed shared memory")
         nk = 1 if self.schedule != "split" else (2 if self.strategy == "inner" else 3)
         if self.kept * self.reduced == 0:
             lines.append("launch:   none (zero-size input: nothing to compute)")
@@ -196,6 +224,11 @@ class Plan:
         return "\n".join(lines)
 
     __str__ = describe
+
+
+def _clusters_ok(arch) -> bool:
+    m = str(arch).replace("sm_", "").replace("compute_", "").rstrip("a")
+    return m.isdigit() and (int(m[:-1]), int(m[-1])) >= CLUSTER_MIN_CC
 
 
 def _pow2_floor(n: int) -> int:
@@ -238,15 +271,18 @@ def pick_vec(axes, run_size, dtype_bytes, aligns, tensors=("x", "out"), inner_in
         v *= 2
 
 
-def make_plan(problem, *, arch="sm_90", sms=DEFAULT_SMS, schedule=None) -> Plan:
+def make_plan(problem, *, arch="sm_90", sms=DEFAULT_SMS, schedule=None, max_cluster=None) -> Plan:
     """Choose strategy, schedule and tiling for a canonical problem.
 
     Args:
         problem: a :class:`normc.canonical.Problem`-like object (see :func:`normc.api.make_problem`).
         arch: target, e.g. ``"sm_90"``.
         sms: number of multiprocessors (132 on the H200) used to size grids.
-        schedule: force ``"looped"`` or ``"split"`` instead of the heuristic's choice (for tests and
-            autotuning candidates); ``"persistent"`` is honoured only where the values fit in registers.
+        schedule: force ``"looped"``, ``"split"`` or ``"cluster"`` (persistent over a thread-block cluster,
+            sm_90+) instead of the heuristic's choice (for tests and autotuning candidates); ``"persistent"``
+            is honoured only where the values fit in registers.
+        max_cluster: largest thread-block cluster to use (default: the largest of ``CLUSTER_SIZES``); the
+            runtime lowers it when the device cannot co-schedule a cluster of the planned size.
 
     Returns:
         :class:`Plan`.
@@ -275,7 +311,7 @@ def make_plan(problem, *, arch="sm_90", sms=DEFAULT_SMS, schedule=None) -> Plan:
             strategy = "mixed"
             why.append(
                 f"innermost reduction run is {run_bytes} B (< {MIXED_MAX_RUN_BYTES} B) inside a contiguous kept axis "
-                f"of {nxt.size}: lanes go along the whole ({nxt.size} x {inner.size}) block, groups merged after"
+                f"of {nxt.size}: lanes go along tiles of whole groups of the ({nxt.size} x {inner.size}) block, groups merged after"
             )
     if strategy == "inner":
         why.append("innermost axis is reduced: lanes along the reduction (inner)")
@@ -294,9 +330,10 @@ def make_plan(problem, *, arch="sm_90", sms=DEFAULT_SMS, schedule=None) -> Plan:
     dbytes = {"x": isz, "out": osz,
               "scale": ITEMSIZE.get(p.scale_dtype or "float32"), "shift": ITEMSIZE.get(p.shift_dtype or "float32")}
 
+    csizes = tuple(c for c in CLUSTER_SIZES if max_cluster is None or c <= max_cluster)
     if strategy == "inner":
-        return _plan_inner(p, common, dbytes, unit, why, schedule)
-    return _plan_outer(p, common, dbytes, unit, strategy, why, schedule)
+        return _plan_inner(p, common, dbytes, unit, why, schedule, csizes)
+    return _plan_outer(p, common, dbytes, unit, strategy, why, schedule, csizes)
 
 
 def _param_vec(p, axes, vec, dbytes, which, block):
@@ -325,7 +362,7 @@ def schedule_try_wide(tpr, per, vec):
     return tpr == MAX_PERSISTENT_THREADS
 
 
-def _plan_inner(p, common, dbytes, unit, why, force=None):
+def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
     axes = p.axes
     inner = axes[-1]
     vec = pick_vec(axes, inner.size, dbytes, p.align) if unit else 1
@@ -334,11 +371,14 @@ def _plan_inner(p, common, dbytes, unit, why, force=None):
     nc = p.reduced // vec  # vectors per row
     K = p.kept
     sms = common["sms"]
+    cluster = 1
     if nc <= 32:
-        tpr = _next_pow2(nc)
-        per = 1
+        # Several vectors per thread (SHORT_ROW_VECTORS), so a row costs few shuffle steps: on 1M x 100 float32
+        # one vector per thread spent more instructions per byte than the memory system takes to move it.
+        tpr = _next_pow2(-(-nc // SHORT_ROW_VECTORS))
+        per = -(-nc // tpr)
         schedule = "persistent"
-        why.append(f"short rows ({nc} vectors): {tpr} threads per row, one vector each, rows share warps")
+        why.append(f"short rows ({nc} vectors): {tpr} threads per row, {per} vectors each, rows share warps")
     else:
         schedule = None
         for tpr in (32, 64, 128, 256, 512, 512):
@@ -352,6 +392,27 @@ def _plan_inner(p, common, dbytes, unit, why, force=None):
                     f"(<= {MAX_VALUES_PER_THREAD} values/thread): x read once"
                 )
                 break
+        if schedule is None and force not in ("looped", "split") and (_clusters_ok(common["arch"]) and bool(csizes)):
+            tpr = MAX_PERSISTENT_THREADS
+            row_bytes = p.reduced * dbytes["x"]
+            # The smallest cluster whose 512-thread CTAs hold the row (up to 2 x MAX_VALUES_PER_THREAD values
+            # per thread): measured on the H200, fewer, fuller CTAs beat larger clusters (1000 x 100,000 float32:
+            # 4 CTAs x 52 values 298 us, 8 x 28 values 425 us; 2 x 64^3-element rows: 8 x 64 values 89 us,
+            # 16 x 32 values 146 us). Skipped when the looped schedule's re-read stays in L2.
+            looped_in_l2 = K >= INNER_LOOPED_MIN_ROWS_PER_SM * sms and sms * row_bytes <= LOOPED_L2_BYTES
+            if looped_in_l2:
+                why.append(f"a row's {row_bytes} B x {sms} SMs in flight fit in L2 (<= {LOOPED_L2_BYTES} B): "
+                           "the looped schedule's re-read hits L2, no cluster needed")
+            for C in () if looped_in_l2 else csizes:
+                per = -(-nc // (C * tpr))
+                if per * vec <= 2 * MAX_VALUES_PER_THREAD:
+                    schedule, cluster = "persistent", C
+                    why.append(
+                        f"row of {p.reduced} exceeds one CTA's registers: a cluster of {C} CTAs x {tpr} threads x "
+                        f"{per} vectors x {vec} holds it; partial statistics merged through distributed shared "
+                        f"memory: x read once"
+                    )
+                    break
         if schedule is None:
             tpr = STREAM_THREADS
             per = LOOP_UNROLL
@@ -367,8 +428,29 @@ def _plan_inner(p, common, dbytes, unit, why, force=None):
                     f"only {K} rows (< {sms} SMs) of {p.reduced}: split each row over CTAs, "
                     f"partial Welford to a workspace, merge and normalize in a second kernel"
                 )
+    if (schedule == "persistent" and cluster == 1 and tpr == MAX_PERSISTENT_THREADS and K < sms
+            and force is None and (_clusters_ok(common["arch"]) and bool(csizes))):
+        # fewer rows than SMs: spread each row over a cluster so that every SM gets work
+        for C in [c for c in csizes if c <= PORTABLE_CLUSTER] or csizes[:1]:
+            if K * C >= sms or C == min(csizes[-1], PORTABLE_CLUSTER):
+                per = -(-nc // (C * tpr))
+                cluster = C
+                why.append(f"only {K} rows for {sms} SMs: each row spread over a cluster of {C} CTAs "
+                           f"({per} vectors per thread)")
+                break
+    if force == "cluster":
+        if not (_clusters_ok(common["arch"]) and bool(csizes)):
+            why.append(f"clusters need sm_90 or newer ({common['arch']}): schedule not forced")
+        else:
+            for C in csizes:
+                tpr = min(max(_next_pow2(-(-nc // C)), 32), MAX_PERSISTENT_THREADS)
+                per = -(-nc // (C * tpr))
+                if per * vec <= 2 * MAX_VALUES_PER_THREAD:
+                    schedule, cluster = "persistent", C
+                    why.append(f"schedule forced to a cluster of {C} CTAs x {tpr} threads per row")
+                    break
     if force in ("looped", "split") and force != schedule:
-        schedule, tpr, per = force, STREAM_THREADS, LOOP_UNROLL
+        schedule, tpr, per, cluster = force, STREAM_THREADS, LOOP_UNROLL, 1
         why.append(f"schedule forced to {force}")
     if schedule == "split":
         want = -(-SPLIT_CTAS_PER_SM * sms // K)
@@ -380,23 +462,23 @@ def _plan_inner(p, common, dbytes, unit, why, force=None):
         grid = K * splits
     else:
         splits = 1
-        if tpr >= CTA_THREADS:
+        if tpr >= CTA_THREADS or cluster > 1:
             threads, rpc = tpr, 1
         else:
             rpc = CTA_THREADS // tpr
             threads = CTA_THREADS
-        grid = -(-K // rpc)
+        grid = -(-K // rpc) * cluster
     blk = [axes[-1]]
     return Plan(
         strategy="inner", schedule=schedule, vec=vec,
         scale_vec=_param_vec(p, axes, vec, dbytes, "scale", blk),
         shift_vec=_param_vec(p, axes, vec, dbytes, "shift", blk),
         threads=threads, tpr=tpr, rows_per_cta=rpc, nxc=0, ry=0, tile=0, group=1,
-        per_thread=per, splits=splits, grid=grid, why=tuple(why), **common,
+        per_thread=per, splits=splits, grid=grid, cluster=cluster, why=tuple(why), **common,
     )
 
 
-def _plan_outer(p, common, dbytes, unit, strategy, why, force=None):
+def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUSTER_SIZES):
     axes = p.axes
     sms = common["sms"]
     block = list(axes[-2:]) if strategy == "mixed" else [axes[-1]]
@@ -411,36 +493,94 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None):
     if vec > 1:
         why.append(f"vec={vec}: {vec * dbytes['x']} B accesses along the {cb}-column contiguous block")
     ncv = cb // vec
-    if strategy == "mixed" and ncv > MAX_PERSISTENT_THREADS * 2:
-        # the whole (g k) block must fit one CTA's x-threads (<= 1024): fall back to lanes along k
-        why.append(f"mixed block of {ncv} vectors exceeds 1024 threads: inner strategy instead")
-        return _plan_inner(p, common, dbytes, unit, why, force)
     if strategy == "mixed":
-        nxc = ncv
-        threads = max(CTA_THREADS, -(-nxc // 32) * 32)
-        tile = cb
+        # Tile the (g k) block by whole groups: the smallest group count whose tile is >= MIXED_MIN_TILE_BYTES
+        # contiguous bytes (and a multiple of vec), then smaller tiles if the larger one does not fit on chip.
+        ngroups = block[0].size
+        step = vec // math.gcd(group, vec)
+        gpt = step
+        while gpt * group * dbytes["x"] < MIXED_MIN_TILE_BYTES and gpt < ngroups:
+            gpt += step
+        tiles = []
+        while gpt >= step:
+            tiles.append(min(gpt, -(-ngroups // step) * step) * group)
+            gpt = (gpt // 2) // step * step
     else:
         # One warp covers up to 32 vectors of a row (512 B at 16 B/vector); narrower blocks let lanes wrap
         # onto the next rows, which are contiguous when the block is the whole row.
-        nxc = min(ncv, 32)
-        threads = CTA_THREADS
-        tile = nxc * vec
-    ry = threads // nxc
-    ntiles = -(-cb // tile)
-    base = kept_outer * ntiles
-    per_persist = -(-rows // ry)
+        tiles = [min(ncv, 32) * vec]
+
+    def shape(tile_, threads_):
+        nxc_ = tile_ // vec
+        threads_ = max(threads_, -(-nxc_ // 32) * 32)
+        return nxc_, threads_, threads_ // nxc_, kept_outer * -(-cb // tile_)
+
+    # Persistent candidates in order of preference: one CTA of 256 then 512 threads, then a cluster of
+    # CLUSTER_SIZES CTAs of 512 threads (the last size may hold up to twice the values per thread).
+    choice = None
+    if force not in ("looped", "split", "cluster"):
+        for tile_ in tiles:
+            for threads_ in (CTA_THREADS, MAX_PERSISTENT_THREADS):
+                nxc_, thr, ry_, base_ = shape(tile_, threads_)
+                per_ = -(-rows // ry_)
+                if per_ * vec <= MAX_VALUES_PER_THREAD:
+                    choice = (tile_, nxc_, thr, ry_, base_, per_, 1)
+                    break
+            if choice is None and (_clusters_ok(common["arch"]) and bool(csizes)):
+                nxc_, thr, ry_, base_ = shape(tile_, CTA_THREADS)
+                tile_bytes = rows * tile_ * dbytes["x"]
+                if base_ >= OUTER_LOOPED_MIN_TILES_PER_SM * sms and sms * tile_bytes <= LOOPED_L2_BYTES:
+                    why.append(f"a tile's {tile_bytes} B x {sms} SMs in flight fit in L2 (<= {LOOPED_L2_BYTES} B): "
+                               "the looped schedule's re-read hits L2, no cluster needed")
+                    break
+                # 256-thread CTAs (two per SM even with up to 64 values each), smallest cluster first. Measured
+                # on the H200: NHWC instance norm (256, 128, 28, 28) float32, 8 CTAs x 256 threads x 52 values
+                # 79 us vs 8 x 512 x 28 values 118 us; NHWC group norm (8, 640, 32, 32) 8 x 256: 28 us vs
+                # 8 x 512: 51 us; non-portable 16-CTA clusters were slower than the split schedule (66 vs 51 us
+                # on (8, 320, 64, 64)).
+                cands = [(C, CTA_THREADS) for C in csizes if C <= PORTABLE_CLUSTER]
+                for C, t in cands:
+                    nxc_, thr, ry_, base_ = shape(tile_, t)
+                    per_ = -(-(-(-rows // C)) // ry_)
+                    if per_ * vec <= 2 * MAX_VALUES_PER_THREAD:
+                        choice = (tile_, nxc_, thr, ry_, base_, per_, C)
+                        break
+            if choice is not None:
+                break
+    if force == "cluster" and (_clusters_ok(common["arch"]) and bool(csizes)):
+        nxc_, thr, ry_, base_ = shape(tiles[0], CTA_THREADS)
+        for C in csizes:
+            per_ = -(-(-(-rows // C)) // ry_)
+            if per_ * vec <= 2 * MAX_VALUES_PER_THREAD:
+                choice = (tiles[0], nxc_, thr, ry_, base_, per_, C)
+                why.append(f"schedule forced to a cluster of {C} CTAs per column tile")
+                break
+    cluster = 1
+    if choice is not None:
+        tile, nxc, threads, ry, base, per_persist, cluster = choice
+    else:
+        tile = tiles[0]
+        nxc, threads, ry, base = shape(tile, CTA_THREADS)
+        per_persist = -(-rows // ry)
     if force == "looped":
-        schedule, splits, per = "looped", 1, LOOP_UNROLL
+        schedule, splits, per, cluster = "looped", 1, LOOP_UNROLL, 1
         why.append("schedule forced to looped")
     elif force == "split":
         splits = max(2, min(-(-rows // ry), 4))
-        schedule, per = "split", LOOP_UNROLL
+        schedule, per, cluster = "split", LOOP_UNROLL, 1
         why.append(f"schedule forced to split ({splits} CTAs per column tile)")
-    elif per_persist * vec <= MAX_VALUES_PER_THREAD and base >= 1:
+    elif choice is not None:
         schedule, splits, per = "persistent", 1, per_persist
-        why.append(
-            f"{rows} rows over {ry} y-threads: {per} vectors x {vec} per thread fit in registers: x read once"
-        )
+        if cluster > 1:
+            why.append(
+                f"{rows} rows of each column tile over a cluster of {cluster} CTAs x {ry} y-threads: {per} vectors "
+                f"x {vec} per thread fit in registers; partial statistics merged through distributed shared "
+                f"memory: x read once"
+            )
+        else:
+            why.append(
+                f"{rows} rows over {ry} y-threads: {per} vectors x {vec} per thread fit in registers: x read once"
+            )
     elif base >= OUTER_LOOPED_MIN_TILES_PER_SM * sms:
         schedule, splits, per = "looped", 1, LOOP_UNROLL
         why.append(f"{base} column tiles >= {sms} SMs: one CTA per column tile, Welford loop, re-read (from L2)")
@@ -461,7 +601,7 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None):
         scale_vec=_param_vec(p, axes, vec, dbytes, "scale", block),
         shift_vec=_param_vec(p, axes, vec, dbytes, "shift", block),
         threads=threads, tpr=0, rows_per_cta=0, nxc=nxc, ry=ry, tile=tile, group=group,
-        per_thread=per, splits=splits, grid=base * splits, why=tuple(why), **common,
+        per_thread=per, splits=splits, grid=base * splits * cluster, cluster=cluster, why=tuple(why), **common,
     )
 
 
@@ -500,15 +640,20 @@ def rejected(plan: Plan) -> list:
         out.append(f"mixed: {why}")
     # schedules
     if plan.schedule != "persistent":
-        if plan.strategy == "inner":
-            need = -(-plan.reduced // (MAX_PERSISTENT_THREADS * plan.vec)) * plan.vec
-            out.append(f"persistent: a row needs {need} values per thread even with "
-                       f"{MAX_PERSISTENT_THREADS} threads (limit {2 * MAX_VALUES_PER_THREAD})")
+        l2 = [w for w in plan.why if "fit in L2" in w]
+        cl = "" if _clusters_ok(plan.arch) else f" (clusters need sm_90+, the target is {plan.arch})"
+        if l2:
+            out.append("persistent: a cluster is not needed, " + l2[0].split(": ", 1)[1])
+        elif plan.strategy == "inner":
+            C = CLUSTER_SIZES[-1]
+            need = -(-plan.reduced // (C * MAX_PERSISTENT_THREADS * plan.vec)) * plan.vec
+            out.append(f"persistent: a row needs {need} values per thread even over a cluster of {C} CTAs x "
+                       f"{MAX_PERSISTENT_THREADS} threads (limit {2 * MAX_VALUES_PER_THREAD}){cl}")
         else:
             rows = plan.reduced // (plan.group if plan.strategy == "mixed" else 1)
-            need = -(-rows // plan.ry) * plan.vec
-            out.append(f"persistent: {rows} rows over {plan.ry} y-threads need {need} values per thread "
-                       f"(limit {MAX_VALUES_PER_THREAD}); clusters are not used yet")
+            need = -(-rows // (PORTABLE_CLUSTER * max(CTA_THREADS // max(plan.nxc, 1), 1))) * plan.vec
+            out.append(f"persistent: {rows} rows need {need} values per thread even over a cluster of "
+                       f"{PORTABLE_CLUSTER} CTAs x {CTA_THREADS} threads (limit {2 * MAX_VALUES_PER_THREAD}){cl}")
     if plan.schedule != "looped":
         if plan.schedule == "persistent":
             out.append("looped: it reads x twice; the persistent schedule reads it once")

@@ -107,7 +107,7 @@ class Compiled:
             float32/float16/bfloat16, possibly another dtype than x; on x's device.
         out: optional output of x's shape on x's device, float32/float16/bfloat16 (the result is converted to
             out's dtype; with ``out_dtype`` set it must match); may be x itself (in place) but may not otherwise
-            overlap x; must be writeable.
+            overlap x, nor scale or shift; must be writeable.
         stream: stream to launch on (torch/CuPy stream object, Numba stream, or a raw handle); default: the
             current torch/CuPy stream of x's device, else the legacy default stream. Never synchronizes.
         return_stats: also return float32 ``mean`` and ``rstd``, shaped like the kept axes in spec order
@@ -141,8 +141,8 @@ class Compiled:
             from ..lowering import arch_cc
 
             arch_cc(arch)  # validate now: ArgumentError naming arch
-        if schedule not in (None, "persistent", "looped", "split"):
-            raise ArgumentError(f"schedule is {schedule!r}; expected None, 'persistent', 'looped' or 'split'")
+        if schedule not in (None, "persistent", "looped", "split", "cluster"):
+            raise ArgumentError(f"schedule is {schedule!r}; expected None, 'persistent', 'looped', 'split' or 'cluster'")
         self.arch = arch
         self.schedule = schedule
         self.use_tuning = use_tuning
@@ -221,6 +221,35 @@ class Compiled:
         return (y, mean, rstd) if return_stats else y
 
     # ------------------------------------------------------------------------------------------------
+    def backward(self, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_dshift=True, stream=None):
+        """Gradients of the normalization: ``(dx, dscale, dshift)``; see :mod:`normc.runtime.backward`.
+
+        Args:
+            dy: gradient of the output y, x's shape, float32/float16/bfloat16 (copied first when it is not in
+                x's memory order).
+            x: the forward's input (any strides, as in the forward call).
+            mean, rstd: the float32 statistics the forward returned with ``return_stats=True`` (C-contiguous,
+                one per kept index; ``mean`` may be ``None`` for ``rms``).
+            scale: the forward's scale, required exactly when the spec has a scale step.
+            need_dscale, need_dshift: skip a parameter gradient (returned as ``None``).
+            stream: as for the forward call.
+
+        Returns:
+            ``dx`` (x's shape, dtype and memory order), ``dscale`` (scale's shape and dtype) and ``dshift`` (scale's
+            shape when shift has scale's axes, else 1-D; scale's dtype, x's without a scale), each ``None`` when
+            the spec has no such step or it was not asked for. float32 accumulation; dscale/dshift are
+            deterministic (no atomics).
+
+        Raises:
+            ArgumentError: a shape, dtype, device or layout does not fit the spec or the forward's outputs.
+            CompileError: a kernel could not be compiled or loaded.
+        """
+        from .backward import backward
+
+        return backward(self, dy, x, mean, rstd, scale, need_dscale=need_dscale, need_dshift=need_dshift,
+                        stream=stream)
+
+    # ------------------------------------------------------------------------------------------------
     def _check(self, xi, si, hi, oi):
         spec = self.spec
         if xi.dtype not in SUPPORTED:
@@ -280,6 +309,10 @@ class Compiled:
                 raise ArgumentError("out aliases x with different strides; expected x itself or a separate array")
             if oi.ptr != xi.ptr and _overlaps(xi, oi):
                 raise ArgumentError("out overlaps x; expected x itself (in place) or a non-overlapping array")
+            for name, pi in (("scale", si), ("shift", hi)):
+                # the kernels read scale/shift while other CTAs write y: they must not share memory
+                if pi is not None and _overlaps(pi, oi):
+                    raise ArgumentError(f"out overlaps {name}; expected an output that shares no memory with {name}")
             out_dtype = oi.dtype
         return sizes, sim, out_dtype
 
@@ -332,8 +365,14 @@ class Compiled:
         arch, sms = f"sm_{cc[0]}{cc[1]}", gpu.device_sms(xi.device)
         plan = make_plan(prob, arch=arch, sms=sms, schedule=self._schedule_for(prob, arch, sms))
         gpu.set_device(xi.device)
-        kernels = [gpu.Loaded(k["ptx"], k.get("cubin"), k["entry"], k["grid"], k["block"])
-                   for k in compiled_kernels(plan, cc)]
+        while True:
+            kernels = [gpu.Loaded(k["ptx"], k.get("cubin"), k["entry"], k["grid"], k["block"], k.get("cluster", 1))
+                       for k in compiled_kernels(plan, cc)]
+            if plan.cluster <= 1 or all(k.clusters_fit() for k in kernels):
+                break
+            # the device cannot co-schedule clusters this large (e.g. a partitioned GPU): plan smaller ones
+            plan = make_plan(prob, arch=arch, sms=sms, schedule=self._schedule_for(prob, arch, sms),
+                             max_cluster=plan.cluster // 2)
         return _Entry(plan, kernels, xi.shape, out_strides, out_dtype, stat_shape, False, prob)
 
 
@@ -452,7 +491,8 @@ def compiled_kernels(plan, cc) -> list:
         kernels = []
         for k in lower(plan, arch=cc):
             kernels.append({"ptx": k.ptx, "cubin": gpu.link_cubin(k.ptx, cc), "entry": k.entry,
-                            "grid": k.grid, "block": k.block, "shared_bytes": k.shared_bytes})
+                            "grid": k.grid, "block": k.block, "shared_bytes": k.shared_bytes,
+                            "cluster": k.cluster})
         summary = (f"{plan.strategy}/{plan.schedule} {plan.kept}x{plan.reduced} {plan.x_dtype} stat={plan.stat} "
                    f"vec={plan.vec} sm_{cc[0]}{cc[1]}")
         payload = {"kernels": kernels, "summary": summary}

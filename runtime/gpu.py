@@ -63,12 +63,27 @@ def link_cubin(ptx: str, cc) -> bytes | None:
         return None
 
 
+def _allow_non_portable_cluster(kernel):
+    """Allow clusters of more than 8 CTAs for ``kernel`` (cudaFuncAttributeNonPortableClusterSizeAllowed)."""
+    from cuda.bindings import driver
+
+    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
+    handle = kernel.handle
+    if isinstance(handle, driver.CUkernel):
+        dev = driver.CUdevice(Device().device_id)
+        err, = driver.cuKernelSetAttribute(attr, 1, handle, dev)
+    else:
+        err, = driver.cuFuncSetAttribute(handle, attr, 1)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CompileError(f"could not allow a non-portable cluster size for the kernel ({err})")
+
+
 class Loaded:
     """A kernel loaded on one device: ``launch(stream, *pointers)``."""
 
-    __slots__ = ("kernel", "config", "entry")
+    __slots__ = ("kernel", "config", "entry", "cluster_allowed")
 
-    def __init__(self, ptx: str, cubin: bytes | None, entry: str, grid: int, block: int):
+    def __init__(self, ptx: str, cubin: bytes | None, entry: str, grid: int, block: int, cluster: int = 1):
         errors = []
         kernel = None
         if cubin:
@@ -89,7 +104,29 @@ class Loaded:
             )
         self.kernel = kernel
         self.entry = entry
-        self.config = LaunchConfig(grid=grid, block=block)
+        self.cluster_allowed = True
+        if cluster > 8:
+            try:
+                _allow_non_portable_cluster(kernel)
+            except Exception:
+                self.cluster_allowed = False  # clusters_fit() says no: the runtime plans smaller clusters
+        if cluster > 1:
+            # cuda.core counts the grid in clusters when a cluster shape is given
+            self.config = LaunchConfig(grid=grid // cluster, cluster=cluster, block=block)
+        else:
+            self.config = LaunchConfig(grid=grid, block=block)
+
+    def clusters_fit(self) -> bool:
+        """Whether the device can co-schedule at least one cluster of this kernel's launch shape
+        (``cudaOccupancyMaxActiveClusters`` > 0); True for launches without clusters or when unknown."""
+        if not self.cluster_allowed:
+            return False
+        if self.config.cluster is None or max(self.config.cluster) <= 1:
+            return True
+        try:
+            return self.kernel.occupancy.max_active_clusters(self.config) > 0
+        except Exception:
+            return True
 
     def __call__(self, stream, *ptrs):
         launch(stream, self.config, self.kernel, *ptrs)

@@ -84,7 +84,7 @@ def run_row(i, row, bw, timing=True):
     res = {
         "row": i, "family": row["family"], "shape": row["shape"], "dtype": row["dtype"],
         "memory_order": row["memory_order"], "strategy": plan.strategy, "schedule": plan.schedule,
-        "vec": plan.vec, "splits": plan.splits, "err": err, "mean_err": merr, "rstd_err": rerr,
+        "vec": plan.vec, "splits": plan.splits, "cluster": plan.cluster, "err": err, "mean_err": merr, "rstd_err": rerr,
         "ok": err <= TOL[row["dtype"]] and merr <= 1e-4 and rerr <= 1e-3 and bool(same_order),
         "first_call_s": first,
     }
@@ -118,7 +118,7 @@ def compare_schedules(i, row):
     s, x, sc, sh = make_inputs(row, seed=i)
     yr = None
     out = []
-    for sched in (None, "looped", "split"):
+    for sched in (None, "looped", "split", "cluster"):
         f = normc.compile(s, schedule=sched)
         y = f(x, sc, sh)
         if yr is None:
@@ -126,7 +126,7 @@ def compare_schedules(i, row):
         err = ((y.double() - yr).abs().max() / yr.abs().max().clamp_min(1e-30)).item()
         plan = next(iter(f._table.values())).plan
         ms = do_bench(lambda: f(x, sc, sh), warmup=25, rep=100, return_mode="median")
-        out.append(f"{plan.schedule}(s={plan.splits}) {ms * 1e3:.1f}us d={err:.0e}")
+        out.append(f"{sched or 'default'}={plan.schedule}(s={plan.splits},C={plan.cluster}) {ms * 1e3:.1f}us d={err:.0e}")
     torch.cuda.empty_cache()
     return out
 
@@ -164,7 +164,7 @@ def main(argv=None):
             continue
         t = f" {r['us']:9.1f}us floor {r['floor_us']:7.1f} ({r['frac_floor']:.2f}) host {r['host_us']:5.1f}us" if "us" in r else ""
         print(f"{i:3d} {r['family']:8s} {str(r['shape']):24s} {r['dtype']:8s} {r['memory_order']:10s} "
-              f"{r['strategy']:6s} {r['schedule']:10s} err {r['err']:.1e} mean {r['mean_err']:.1e} rstd {r['rstd_err']:.1e} "
+              f"{r['strategy']:6s} {r['schedule']:10s} C={r['cluster']:<2d} err {r['err']:.1e} mean {r['mean_err']:.1e} rstd {r['rstd_err']:.1e} "
               f"{'ok' if r['ok'] else 'FAIL'} first {r['first_call_s']:.2f}s{t}", flush=True)
     if a.json:
         with open(a.json, "w") as f:

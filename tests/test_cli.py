@@ -14,7 +14,7 @@ IN_SPEC = "n c h w : norm over h w ; scale c ; shift c"
 IN_ARGS = [IN_SPEC, "--shape", "256,128,28,28", "--dtype", "float16"]
 NHWC = ["--layout", "n h w c"]
 
-HEADER = re.compile(r"^// normc kernel (\d+)/(\d+): entry=(\S+), grid=(\d+), block=(\d+), shared=(\d+) bytes, workspace=(\d+) floats$", re.M)
+HEADER = re.compile(r"^// normc kernel (\d+)/(\d+): entry=(\S+), grid=(\d+), block=(\d+), shared=(\d+) bytes, workspace=(\d+) floats, cluster=(\d+)$", re.M)
 
 
 def _modules(text):

@@ -440,3 +440,47 @@ def test_nan_stays_in_its_row(layout):
     assert np.array_equal(nan_y, np.isnan(ry))
     assert nan_y[bad].all() and np.isnan(mean[bad[:mean.ndim]]).all()
     np.testing.assert_allclose(y[~nan_y], ry[~nan_y], rtol=0, atol=2e-5 * max(1.0, np.nanmax(np.abs(ry))))
+
+
+# ----------------------------------------------------------------------------------------------------
+# thread-block clusters: a reduction spread over the CTAs of a cluster, partials merged through
+# distributed shared memory (on the simulator a cluster runs as one block; see normc.lowering.sim)
+
+
+@pytest.fixture(params=[2, 4], ids=["cluster2", "cluster4"])
+def cluster_size(request, monkeypatch):
+    from normc import planner
+
+    monkeypatch.setattr(planner, "CLUSTER_SIZES", (request.param,))
+    return request.param
+
+
+@pytest.mark.parametrize("spec,shape,dtype", [
+    (LN, (3, 200), "float32"),
+    (LN, (2, 72), "bfloat16"),  # 9 vectors of 8: the last CTA of the cluster holds fewer
+    (RMS, (2, 130), "float16"),
+    (IN2, (2, 3, 5, 7), "float32"),
+], ids=["layer", "layer-bf16-ragged", "rms", "instance-nchw"])
+def test_inner_cluster(spec, shape, dtype, cluster_size):
+    _, _, _, plan = run_case(spec, make_x(shape, dtype), schedule="cluster", expect=("inner", "persistent"))
+    assert plan.cluster == cluster_size and plan.grid == plan.kept * cluster_size
+
+
+@pytest.mark.parametrize("spec,shape,dtype,g", [
+    (IN2, (2, 8, 5, 5), "float32", None),
+    (BN, (3, 4, 3, 3), "float16", None),
+    (GN, (2, 8, 4, 4), "float32", 2),
+], ids=["instance-nhwc", "batch-nhwc", "group-nhwc"])
+def test_outer_cluster(spec, shape, dtype, g, cluster_size):
+    spec = _spec(spec, g=g) if g else spec
+    want = "mixed" if g else "outer"
+    _, _, _, plan = run_case(spec, make_x(shape, dtype, perm=NHWC), schedule="cluster", expect=(want, "persistent"))
+    assert plan.cluster == cluster_size
+
+
+def test_mixed_group_norm_nhwc_tiled_by_groups():
+    # 32 groups of 2 channels (float32: 8 B runs, 256 B per pixel): a tile holds 16 whole groups (128 B),
+    # two tiles per image
+    spec = _spec(GN, g=32)
+    _, _, _, plan = run_case(spec, make_x((2, 64, 3, 3), "float32", perm=NHWC), expect=("mixed", "persistent"))
+    assert plan.tile % plan.group == 0 and plan.tile == 32 and plan.grid == 4
