@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numbers
 import re
 
 from .canonical import dense_like
 from .errors import ArgumentError
 from .planner import DEFAULT_SMS, make_plan
-from .problem import make_problem
+from .problem import DTYPES, make_problem
 
 
 def layout_strides(spec, shape, layout):
@@ -48,6 +49,16 @@ def layout_strides(spec, shape, layout):
     return tuple(strides)
 
 
+def _strides_arg(name, strides, nd):
+    """``strides`` as a tuple of ``nd`` ints, else :class:`ArgumentError` naming ``name``."""
+    if isinstance(strides, (str, bytes)) or not hasattr(strides, "__iter__"):
+        raise ArgumentError(f"{name} is {strides!r}; expected a sequence of {nd} ints (element strides)")
+    strides = tuple(strides)
+    if len(strides) != nd or any(isinstance(s, bool) or not isinstance(s, numbers.Integral) for s in strides):
+        raise ArgumentError(f"{name} is {strides!r}; expected a sequence of {nd} ints (element strides, one per dim)")
+    return tuple(int(s) for s in strides)
+
+
 def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dtype=None, out_strides=None,
              scale_dtype=None, shift_dtype=None, stats=False, arch="sm_90", sms=DEFAULT_SMS, aligns=None):
     """Plan ``spec`` for an x of logical ``shape`` (no GPU needed).
@@ -67,6 +78,10 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
 
     Returns:
         :class:`normc.Plan`.
+
+    Raises:
+        SpecError: the spec text is invalid.
+        ArgumentError: any other argument is invalid (shape, strides, dtypes, layout, arch, sms, aligns).
     """
     from .spec import Spec, spec as parse
 
@@ -74,12 +89,26 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
         spec = parse(spec)
     if not isinstance(spec, Spec):
         raise ArgumentError(f"spec is {type(spec).__name__}; expected a normc.Spec or spec text")
+    spec.axis_sizes(shape)  # type, rank and split checks first: ArgumentError naming x
     shape = tuple(int(s) for s in shape)
-    spec.axis_sizes(shape)  # rank and split checks first: ArgumentError naming x
+    for name, dt, optional in (("dtype", dtype, False), ("out_dtype", out_dtype, True),
+                               ("scale_dtype", scale_dtype, True), ("shift_dtype", shift_dtype, True)):
+        if not (optional and dt is None) and dt not in DTYPES:
+            raise ArgumentError(f"{name} is {dt!r}; expected one of {', '.join(map(repr, DTYPES))}")
+    if isinstance(sms, bool) or not isinstance(sms, numbers.Integral) or sms < 1:
+        raise ArgumentError(f"sms is {sms!r}; expected a positive int (multiprocessors)")
+    if aligns is not None:
+        if not isinstance(aligns, dict) or not set(aligns) <= {"x", "out", "scale", "shift"}:
+            raise ArgumentError(f"aligns is {aligns!r}; expected a dict with keys among x, out, scale, shift")
+        for k, a in aligns.items():
+            if isinstance(a, bool) or not isinstance(a, numbers.Integral) or a < 1 or a & (a - 1):
+                raise ArgumentError(f"aligns[{k!r}] is {a!r}; expected a power of two (bytes)")
     if strides is None:
         strides = layout_strides(spec, shape, layout)
+    strides = _strides_arg("strides", strides, len(shape))
     if out_strides is None:
         out_strides = dense_like(shape, strides)
+    out_strides = _strides_arg("out_strides", out_strides, len(shape))
     prob = make_problem(spec, shape, strides, out_strides, x_dtype=dtype, out_dtype=out_dtype,
                         scale_dtype=scale_dtype, shift_dtype=shift_dtype, stats=stats, aligns=aligns)
     from .lowering import arch_cc

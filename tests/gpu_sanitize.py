@@ -1,0 +1,190 @@
+"""compute-sanitizer over one small case of every strategy x schedule (issue 5, part 2).
+
+    python tests/gpu_sanitize.py [--tools memcheck,racecheck] [--out DIR] [--sanitizer PATH]
+
+Runs this file's cases (``--run-cases``: inner/outer/mixed x persistent/looped/split, odd extents, views
+offset by one element, float32 and half precision, with mean/rstd) once under each tool, writes each
+tool's log and a summary (DIR/sanitize-summary.txt; DIR defaults to $OUT or ./sanitize-out), and exits
+non-zero if the sanitizer is missing, reports any error, or a case fails or gives a wrong result.
+
+torch's caching allocator is switched off (PYTORCH_NO_CUDA_MEMORY_CACHING=1) so that every tensor is its
+own allocation, exactly sized: an access one element past x, y, scale, shift, mean, rstd or the split
+workspace lands outside any allocation and memcheck reports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+# (name, spec text, spec sizes, shape, memory order (dims outermost-first) or None, dtype, schedule)
+CASES = [
+    ("inner-persistent", "t d : norm over d ; scale d ; shift d", {}, (37, 1003), None, "float32", None),
+    ("inner-persistent-rms-bf16", "t d : rms over d ; scale d", {}, (33, 520), None, "bfloat16", None),
+    ("inner-looped", "t d : norm over d ; scale d ; shift d", {}, (5, 20011), None, "float16", "looped"),
+    ("inner-split", "t d : norm over d ; scale d ; shift d", {}, (3, 30001), None, "float32", "split"),
+    ("outer-persistent", "n c h w : norm over h w ; scale c ; shift c", {}, (3, 37, 5, 7), (0, 2, 3, 1),
+     "float32", None),
+    ("outer-looped", "n c h w : norm over h w ; scale c ; shift c", {}, (2, 40, 9, 11), (0, 2, 3, 1),
+     "float16", "looped"),
+    ("outer-split", "n c h w : norm over h w ; scale c ; shift c", {}, (1, 24, 31, 33), (0, 2, 3, 1),
+     "bfloat16", "split"),
+    ("outer-batch-stats-split", "n c h w : norm over n h w ; scale c ; shift c", {}, (3, 13, 7, 9),
+     (0, 2, 3, 1), "float32", "split"),
+    ("mixed-persistent", "n (g k) h w : norm over k h w ; scale g k ; shift g k", {"g": 4}, (2, 12, 5, 7),
+     (0, 2, 3, 1), "float32", None),
+    ("mixed-looped", "n (g k) h w : norm over k h w ; scale g k ; shift g k", {"g": 4}, (2, 12, 5, 7),
+     (0, 2, 3, 1), "float16", "looped"),
+    ("mixed-split", "n (g k) h w : norm over k h w ; scale g k ; shift g k", {"g": 2}, (1, 6, 23, 29),
+     (0, 2, 3, 1), "float32", "split"),
+    ("inner-offset-view", "t d : norm over d ; scale d ; shift d", {}, (9, 257), "offset", "float16", None),
+]
+TOL = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
+
+
+def run_cases() -> int:
+    """Run every case once on the GPU (the part compute-sanitizer watches); 0 if all are right."""
+    import math
+
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gpu_anchors import reference
+
+    import normc
+
+    bad = 0
+    for name, text, sizes, shape, perm, dtype, schedule in CASES:
+        spec = normc.spec(text, **sizes)
+        dt = getattr(torch, dtype)
+        g = torch.Generator(device="cuda").manual_seed(0)
+        if perm == "offset":  # view starting one element into its allocation, rows padded by one
+            T, D = shape
+            base = torch.randn(T * (D + 1) + 1, device="cuda", generator=g).to(dt)
+            x = base[1:].view(T, D + 1)[:, :D]
+        elif perm is not None:
+            phys = [shape[d] for d in perm]
+            inv = sorted(range(len(perm)), key=lambda i: perm[i])
+            x = torch.randn(phys, device="cuda", generator=g).to(dt).permute(*inv)
+        else:
+            x = torch.randn(shape, device="cuda", generator=g).to(dt)
+        ax = spec.axis_sizes(tuple(x.shape))
+        sc = sh = None
+        if spec.scale is not None:
+            sc = (1 + torch.randn(math.prod(ax[a] for a in spec.scale), device="cuda", generator=g)).to(dt)
+        if spec.shift is not None:
+            sh = torch.randn(math.prod(ax[a] for a in spec.shift), device="cuda", generator=g).to(dt)
+        try:
+            f = normc.compile(spec, schedule=schedule)
+            y, mean, rstd = f(x, sc, sh, return_stats=True)
+            torch.cuda.synchronize()
+            plan = next(iter(f._table.values())).plan
+            yr = reference(spec, x, sc, sh)[0]
+            err = ((y.double() - yr).abs().max() / yr.abs().max().clamp_min(1)).item()
+            want = name.split("-")[:2]  # the plan the case is named after, where the name says
+            ok = err <= TOL[dtype]
+            if want[1] in ("persistent", "looped", "split"):
+                ok = ok and [plan.strategy, plan.schedule] == want
+            print(f"CASE {name:26s} {plan.strategy}/{plan.schedule} vec={plan.vec} splits={plan.splits} "
+                  f"kernels={len(f._table[next(iter(f._table))].kernels)} err={err:.1e} {'ok' if ok else 'FAIL'}",
+                  flush=True)
+            bad += not ok
+        except Exception as e:  # report and go on
+            print(f"CASE {name:26s} ERROR {type(e).__name__}: {e}"[:400], flush=True)
+            bad += 1
+    return 1 if bad else 0
+
+
+def find_sanitizer(explicit=None):
+    """Path of compute-sanitizer: --sanitizer, $COMPUTE_SANITIZER, PATH, CUDA installs, pip packages."""
+    cands = [explicit, os.environ.get("COMPUTE_SANITIZER"), shutil.which("compute-sanitizer")]
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            cands.append(os.path.join(os.environ[env], "bin", "compute-sanitizer"))
+            cands.append(os.path.join(os.environ[env], "compute-sanitizer", "compute-sanitizer"))
+    cands += sorted(glob.glob("/usr/local/cuda*/bin/compute-sanitizer"), reverse=True)
+    cands += sorted(glob.glob("/usr/local/cuda*/compute-sanitizer/compute-sanitizer"), reverse=True)
+    cands += sorted(glob.glob("/opt/nvidia/*/compute-sanitizer*/compute-sanitizer"), reverse=True)
+    cands += sorted(glob.glob("/opt/cuda*/bin/compute-sanitizer"), reverse=True)
+    for sp in sys.path:  # pip: nvidia-cuda-sanitizer-api* wheels ship the binary
+        cands += glob.glob(os.path.join(sp, "nvidia", "cuda_sanitizer_api", "compute-sanitizer", "compute-sanitizer"))
+        cands += glob.glob(os.path.join(sp, "nvidia", "cu*", "compute-sanitizer", "compute-sanitizer"))
+        cands += glob.glob(os.path.join(sp, "nvidia", "cu*", "bin", "compute-sanitizer"))
+    for c in cands:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run-cases", action="store_true", help="run the cases (what the sanitizer watches)")
+    ap.add_argument("--tools", default="memcheck,racecheck", help="comma-separated compute-sanitizer tools "
+                    "(also: synccheck, initcheck)")
+    ap.add_argument("--out", default=os.environ.get("OUT") or "sanitize-out")
+    ap.add_argument("--sanitizer", default=None, help="path of compute-sanitizer (default: searched)")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per tool")
+    a = ap.parse_args(argv)
+    if a.run_cases:
+        return run_cases()
+
+    os.makedirs(a.out, exist_ok=True)
+    summary = os.path.join(a.out, "sanitize-summary.txt")
+    san = find_sanitizer(a.sanitizer)
+    if san is None:
+        msg = ("compute-sanitizer NOT FOUND (looked at --sanitizer, $COMPUTE_SANITIZER, PATH, $CUDA_HOME/bin, "
+               "/usr/local/cuda*/bin, /opt/nvidia, pip nvidia/* packages). Install the CUDA toolkit's "
+               "compute-sanitizer or pass --sanitizer PATH.")
+        print(msg)
+        with open(summary, "w") as f:
+            f.write(msg + "\n")
+        return 2
+    ver = subprocess.run([san, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+    lines = [f"compute-sanitizer: {san} ({ver[-1] if ver else '?'})", f"cases: {len(CASES)}"]
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONUNBUFFERED="1")
+    failed = False
+    for tool in [t.strip() for t in a.tools.split(",") if t.strip()]:
+        cmd = [san, "--tool", tool, "--error-exitcode", "86", "--print-limit", "100",
+               "--target-processes", "all"]
+        if tool == "memcheck":
+            cmd += ["--leak-check", "no"]
+        if tool == "racecheck":
+            cmd += ["--racecheck-report", "all"]
+        cmd += [sys.executable, os.path.abspath(__file__), "--run-cases"]
+        t0 = time.time()
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
+            out, rc = p.stdout + p.stderr, p.returncode
+        except subprocess.TimeoutExpired as e:
+            out, rc = (e.stdout or b"").decode(errors="replace") + "\nTIMEOUT", -1
+        log = os.path.join(a.out, f"sanitize-{tool}.log")
+        with open(log, "w") as f:
+            f.write(out)
+        m = re.findall(r"ERROR SUMMARY: (\d+) error", out)
+        nerr = sum(int(v) for v in m) if m else None
+        cases = [ln for ln in out.splitlines() if ln.startswith("CASE ")]
+        bad_cases = [ln for ln in cases if not ln.rstrip().endswith(" ok")]
+        ok = rc == 0 and nerr == 0 and len(cases) == len(CASES) and not bad_cases
+        failed |= not ok
+        lines.append(f"{tool:10s} {'CLEAN' if ok else 'FAIL'}  errors={nerr if nerr is not None else '?'} rc={rc} "
+                     f"cases={len(cases) - len(bad_cases)}/{len(CASES)} ok  {time.time() - t0:.0f}s  log={log}")
+        for ln in bad_cases:
+            lines.append("    " + ln)
+        if nerr:
+            for ln in [ln for ln in out.splitlines() if re.search(r"^=+ +(Invalid|Error|Race|.*hazard)", ln)][:10]:
+                lines.append("    " + ln.strip())
+    text = "\n".join(lines)
+    print(text)
+    with open(summary, "w") as f:
+        f.write(text + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

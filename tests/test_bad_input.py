@@ -1,0 +1,249 @@
+"""Bad input, part 2 (issue 5, part 3): every public entry point checks its arguments before any launch and
+raises a normc error naming the argument. Complements tests/test_errors.py (one case per check) with
+property tests: random argument combinations are either launched or rejected with the *first* bad
+argument named, never launched half-checked; ``normc.plan`` and ``normc.compile`` turn any junk into a
+NormcError. No kernel runs here: launches are intercepted, so these tests are fast.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import normc
+from normc import ArgumentError, NormcError, SpecError
+
+LN = "t d : norm over d ; scale d ; shift d"
+
+
+class Launched(Exception):
+    """Raised instead of running kernels: the call got past every check."""
+
+
+@pytest.fixture
+def no_launch(monkeypatch):
+    """Replace the simulator launch so that reaching it raises Launched."""
+    from normc.runtime import simulate
+
+    def run(*a, **k):
+        raise Launched
+
+    monkeypatch.setattr(simulate, "run", run)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Spec text errors point at the position, through every entry point
+
+
+@pytest.mark.parametrize("entry", ["spec", "compile", "plan", "family"])
+def test_spec_error_has_a_caret_under_the_position(entry):
+    text = "n c h w : norm over h q ; scale c"
+    call = {
+        "spec": lambda: normc.spec(text),
+        "compile": lambda: normc.compile(text),
+        "plan": lambda: normc.plan(text, (1, 2, 3, 4)),
+        "family": lambda: normc.group_norm(0),
+    }[entry]
+    with pytest.raises(SpecError) as info:
+        call()
+    err = info.value
+    if entry == "family":
+        assert "groups" in str(err) or "0" in str(err)
+        return
+    lines = str(err).splitlines()
+    assert lines[1].strip() == text and lines[2].strip() == "^"
+    assert lines[2].index("^") - lines[1].index(text[0]) == text.index("q") == err.pos
+    assert "'q'" in lines[0]
+
+
+# ----------------------------------------------------------------------------------------------------
+# normc.plan: every argument checked
+
+
+@pytest.mark.parametrize("kw,words", [
+    ({"shape": "ab"}, ["x shape"]),
+    ({"shape": None}, ["x shape"]),
+    ({"shape": (2.5, 3)}, ["x shape"]),
+    ({"shape": (2, -1)}, ["x shape"]),
+    ({"shape": (2, 3, 4)}, ["rank"]),
+    ({"strides": (1,)}, ["strides", "2 ints"]),
+    ({"strides": "ab"}, ["strides"]),
+    ({"out_strides": (1, 2, 3)}, ["out_strides"]),
+    ({"dtype": None}, ["dtype", "float32"]),
+    ({"dtype": "float64"}, ["dtype", "float64"]),
+    ({"out_dtype": "int8"}, ["out_dtype"]),
+    ({"scale_dtype": 3}, ["scale_dtype"]),
+    ({"sms": 0}, ["sms"]),
+    ({"sms": "132"}, ["sms"]),
+    ({"aligns": {"x": 3}}, ["aligns", "power of two"]),
+    ({"aligns": {"y": 16}}, ["aligns"]),
+    ({"arch": "sm_5"}, ["arch"]),
+    ({"layout": "t t"}, ["layout"]),
+    ({"layout": [0, 0]}, ["layout"]),
+])
+def test_plan_names_the_bad_argument(kw, words):
+    args = {"shape": (2, 3)}
+    args.update(kw)
+    shape = args.pop("shape")
+    with pytest.raises(ArgumentError) as info:
+        normc.plan(LN, shape, **args)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+junk = st.one_of(
+    st.none(), st.booleans(), st.integers(-5, 2**63), st.floats(allow_nan=True), st.text(max_size=4),
+    st.lists(st.integers(-3, 9), max_size=4), st.lists(st.one_of(st.integers(0, 9), st.floats(), st.text(max_size=1)),
+                                                       max_size=3).map(tuple),
+    st.dictionaries(st.sampled_from(["x", "out", "scale", "y"]), st.integers(-1, 32), max_size=2),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.one_of(junk, st.tuples(st.integers(0, 9), st.integers(0, 9))),
+       dtype=st.one_of(junk, st.sampled_from(["float32", "float16", "bfloat16"])),
+       kw=st.dictionaries(st.sampled_from(["strides", "layout", "out_dtype", "out_strides", "scale_dtype", "sms",
+                                           "aligns", "arch", "stats"]), junk, max_size=3))
+def test_fuzz_plan_gives_a_plan_or_a_normc_error(shape, dtype, kw):
+    try:
+        plan = normc.plan(LN, shape, dtype, **kw)
+    except NormcError:
+        return
+    assert isinstance(plan, normc.Plan)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet="tdnchw :;()=.,0123456789gkoverscalshiftrmsq", max_size=50),
+       schedule=st.sampled_from([None, "looped", "split", "bogus"]),
+       out_dtype=st.sampled_from([None, "float16", "float64"]))
+def test_fuzz_compile_gives_a_callable_or_a_normc_error(text, schedule, out_dtype):
+    try:
+        f = normc.compile(text, schedule=schedule, out_dtype=out_dtype)
+    except NormcError:
+        return
+    assert callable(f) and schedule != "bogus" and out_dtype != "float64"
+
+
+# ----------------------------------------------------------------------------------------------------
+# Calls: every argument checked before the launch, the first bad one named
+
+
+def _arr(shape, dtype):
+    return np.zeros(shape, dtype)
+
+
+@st.composite
+def calls(draw):
+    """Random arguments for a layer norm over d = 8, and the argument the call must name (None: valid).
+
+    normc reads every argument first (a non-array is named at once, in the order scale, shift, out), then
+    checks x, scale, shift and out in that order."""
+    d = 8
+    xdt = draw(st.sampled_from(["float32", "float32", "float16", "float64", "int32"]))
+    xshape = draw(st.sampled_from([(3, d), (3, d), (3, d), (d,), (2, 3, d)]))
+    x = _arr(xshape, xdt)
+    unreadable, bad = [], []
+    if xdt not in ("float32", "float16") or len(xshape) != 2:
+        bad.append("x")
+    params = []
+    for name in ("scale", "shift"):
+        kind = draw(st.sampled_from(["ok", "ok", "ok", "missing", "count", "dtype", "strided", "list"]))
+        p = {
+            "ok": lambda: _arr((d,), draw(st.sampled_from(["float32", "float16"]))),
+            "missing": lambda: None,
+            "count": lambda: _arr((d + 1,), "float32"),
+            "dtype": lambda: _arr((d,), "float64"),
+            "strided": lambda: _arr((2 * d,), "float32")[::2],
+            "list": lambda: [1.0] * d,
+        }[kind]()
+        (unreadable if kind == "list" else bad if kind != "ok" else []).append(name)
+        params.append(p)
+    okind = draw(st.sampled_from(["none", "none", "ok", "shape", "dtype", "x", "overlap", "readonly", "list"]))
+    out = None
+    if okind == "ok":
+        out = _arr(xshape, draw(st.sampled_from(["float32", "float16"])))
+    elif okind == "shape":
+        out = _arr((4, d), "float32")
+    elif okind == "dtype":
+        out = _arr(xshape, "float64")
+    elif okind == "x":
+        out = x  # in place: allowed
+    elif okind == "overlap":
+        buf = np.zeros(x.size + 1, x.dtype)
+        x = buf[1:].reshape(xshape)
+        out = buf[:-1].reshape(xshape)
+    elif okind == "readonly":
+        out = _arr(xshape, "float32")
+        out.setflags(write=False)
+    elif okind == "list":
+        out = x.tolist()
+    if okind == "list":
+        unreadable.append("out")
+    elif okind in ("shape", "dtype", "overlap", "readonly"):
+        bad.append("out")
+    expect = (unreadable + bad + [None])[0]
+    stats = draw(st.booleans())
+    return x, params[0], params[1], out, stats, expect
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(case=calls())
+def test_every_argument_checked_before_launch(no_launch, case):
+    x, scale, shift, out, stats, expect = case
+    f = normc.compile(LN)
+    try:
+        f(x, scale, shift, out=out, return_stats=stats)
+    except Launched:
+        assert expect is None, f"launched although {expect} is bad"
+        return
+    except ArgumentError as e:
+        assert expect is not None, f"rejected good arguments: {e}"
+        msg = str(e)
+        assert msg.startswith(expect + " ") or msg.startswith(expect + ":"), (expect, msg)
+        # nothing half-built is left behind for a later call to find
+        assert all(v.kernels is not None for v in f._table.values())
+        return
+    raise AssertionError("neither launched nor rejected")
+
+
+def test_zero_size_input_does_not_launch(no_launch):
+    f = normc.compile(LN)
+    y, mean, rstd = f(np.zeros((0, 8), np.float32), np.ones(8, np.float32), np.zeros(8, np.float32),
+                      return_stats=True)
+    assert y.shape == (0, 8) and mean.shape == (0,) and rstd.shape == (0,)
+    g = normc.compile("t d : norm over d")
+    y, mean, rstd = g(np.zeros((3, 0), np.float32), return_stats=True)  # empty reductions: NaN statistics
+    assert y.shape == (3, 0) and np.isnan(mean).all() and np.isnan(rstd).all()
+
+
+class _FakeCudaArray:
+    """Claims to be a CUDA array (``__cuda_array_interface__``) at an address no one allocated."""
+
+    def __init__(self, shape, typestr="<f4"):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (0x7F0000000000, False),
+                                         "version": 3, "strides": None}
+
+
+@pytest.mark.parametrize("which", ["x", "scale", "shift", "out"])
+def test_cuda_array_next_to_host_arrays_is_named(no_launch, which):
+    """On the simulator a (claimed) CUDA array among numpy arrays is rejected, naming the argument:
+    either it cannot be read without a driver, or it is on another device than x."""
+    args = {"x": np.zeros((3, 8), np.float32), "scale": np.ones(8, np.float32), "shift": np.zeros(8, np.float32),
+            "out": None}
+    args[which] = _FakeCudaArray((3, 8) if which in ("x", "out") else (8,))
+    f = normc.compile(LN)
+    with pytest.raises(ArgumentError) as info:
+        f(args["x"], args["scale"], args["shift"], out=args["out"])
+    assert str(info.value).startswith(which + " ")
+
+
+@pytest.mark.parametrize("which", ["scale", "shift"])
+def test_out_overlapping_scale_or_shift_is_rejected(no_launch, which):
+    buf = np.zeros(3 * 8, np.float32)
+    x = np.ones((3, 8), np.float32)
+    params = {"scale": np.ones(8, np.float32), "shift": np.zeros(8, np.float32)}
+    params[which] = buf[:8]
+    with pytest.raises(ArgumentError, match="out"):
+        normc.compile(LN)(x, params["scale"], params["shift"], out=buf.reshape(3, 8))

@@ -1,0 +1,343 @@
+"""Numerical robustness of every strategy x schedule on Numba's CUDA simulator, against a float64 reference.
+
+The failure modes of normalization kernels in the wild (issue 5, part 1), one test each, over every
+(strategy, schedule) pair the planner can produce: rows whose mean is large next to their spread
+(catastrophic cancellation, negative variance), constant rows, eps = 0, float16/bfloat16 inputs near their
+largest finite value (squares that overflow), reductions of one element and over every axis, and NaN/+-Inf
+propagation row by row. The contract tested here is the one docs/accuracy.md states.
+
+Shapes are tiny (each simulated CUDA thread is a Python thread); the GPU versions of the large cases (25M
+elements per row, > 2**31 elements) are in tests/test_gpu_reliability.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import normc
+from conftest import check_stats, check_y, fold_atol, make_param, make_x, reference, rel_err
+
+LN = "t d : norm over d ; scale d ; shift d"
+IN2 = "n c h w : norm over h w ; scale c ; shift c"
+GN = "n (g k) h w : norm over k h w ; scale g k ; shift g k"
+NHWC = [0, 2, 3, 1]
+
+# (spec text, spec sizes, shape, memory order, forced schedule) for each strategy/schedule. inner: layer norm
+# rows; outer: channels-last instance norm; mixed: channels-last group norm. Forced looped/split schedules
+# stream with 512-thread CTAs (slow on the simulator), so those rows are short.
+CASES = {
+    "inner-persistent": (LN, {}, (3, 24), None, None),
+    "inner-looped": (LN, {}, (1, 64), None, "looped"),
+    "inner-split": (LN, {}, (1, 64), None, "split"),
+    "outer-persistent": (IN2, {}, (2, 4, 3, 4), NHWC, None),
+    "outer-looped": (IN2, {}, (2, 4, 3, 4), NHWC, "looped"),
+    "outer-split": (IN2, {}, (2, 4, 4, 4), NHWC, "split"),
+    "mixed-persistent": (GN, {"g": 2}, (2, 6, 3, 3), NHWC, None),
+    "mixed-looped": (GN, {"g": 2}, (2, 6, 3, 3), NHWC, "looped"),
+    "mixed-split": (GN, {"g": 2}, (2, 6, 4, 4), NHWC, "split"),
+}
+NAMES = list(CASES)
+# inner-split streams 2 x 512-thread CTAs (~5 s a run on the simulator): it runs in the tests where the
+# split merge is what could break (large/huge means, constants, NaN/Inf, one-element reductions).
+NAMES_NO_INNER_SPLIT = [n for n in NAMES if n != "inner-split"]
+
+# Longer outer/mixed reductions (more y-threads whose partials are merged) for the large-mean test.
+LARGE_MEAN_SHAPES = {
+    "outer-persistent": (1, 4, 16, 16), "outer-looped": (1, 8, 12, 12), "outer-split": (1, 8, 12, 12),
+    "mixed-persistent": (1, 4, 12, 12), "mixed-looped": (1, 4, 12, 12), "mixed-split": (1, 4, 12, 12),
+}
+
+# Known kernel bugs (docs/accuracy.md, "Known limits"); the strict xfails turn into failures once fixed.
+BF16_SQUARE_BUG = (
+    "squares of (x - mean) are taken in float32: bfloat16 inputs near the dtype's maximum (|x| ~ 3e38) "
+    "overflow the variance to inf, giving rstd = 0 / NaN and non-finite y (float16 is safe: 65504^2 fits)"
+)
+
+
+def case_param(name, xfail=None):
+    if xfail:
+        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=xfail), id=name)
+    return pytest.param(name, id=name)
+
+
+def per_reduction(name, shape, fill):
+    """Values of ``shape`` for case ``name`` where reduction number i holds ``fill(i, n)`` (n: its size)."""
+    text, sizes, _, _, _ = CASES[name]
+    spec = normc.spec(text, **sizes)
+    ax = spec.axis_sizes(shape)
+    full = [ax[a] for a in spec.axes]
+    kept_pos = [i for i, a in enumerate(spec.axes) if a in spec.kept]
+    red_n = math.prod(ax[a] for a in spec.reduced)
+    v = np.empty(full)
+    for j, idx in enumerate(np.ndindex(*[full[i] for i in kept_pos])):
+        sl = [slice(None)] * len(full)
+        for i, k in zip(kept_pos, idx):
+            sl[i] = k
+        v[tuple(sl)] = np.asarray(fill(j, red_n)).reshape(v[tuple(sl)].shape)
+    return v.reshape(shape)
+
+
+def run(name, *, values=None, loc=0.0, std=1.0, dtype="float32", eps=None, shape=None, seed=0, f=None):
+    """Run case ``name`` on x ~ normal(loc, std) (or ``values``): returns (x, scale, shift, y, mean, rstd,
+    ref_y, ref_mean, ref_rstd, f). Checks the plan is the one the case names."""
+    text, sizes, shp, perm, sched = CASES[name]
+    shape = shp if shape is None else shape
+    spec = normc.spec(text, **sizes) if eps is None else normc.spec(text, eps=eps, **sizes)
+    rng = np.random.default_rng(seed)
+    x = make_x(shape, dtype, perm=perm, rng=rng, loc=loc, std=std, values=values)
+    ax = spec.axis_sizes(shape)
+    sc = make_param(math.prod(ax[a] for a in spec.scale), dtype, rng, loc=1.0, std=0.5)
+    sh = make_param(math.prod(ax[a] for a in spec.shift), dtype, rng)
+    f = normc.compile(spec, schedule=sched) if f is None else f
+    y, mean, rstd = f(x, sc, sh, return_stats=True)
+    if len(f._table) == 1:
+        plan = next(iter(f._table.values())).plan
+        assert f"{plan.strategy}-{plan.schedule}" == name, plan.describe()
+    ry, rm, rr = reference(spec, x, sc, sh)
+    return x, sc, sh, y, mean, rstd, ry, rm, rr, f
+
+
+# ----------------------------------------------------------------------------------------------------
+# Large means: no cancellation, no negative variance
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_large_mean_1e4_accurate(name):
+    """mean = 1e4 x std (float32): y within 1e-3 of max|y|, mean within 1e-6 relative, rstd within 1%."""
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, loc=1e4, std=1.0, shape=LARGE_MEAN_SHAPES.get(name),
+                                                  seed=1)
+    assert rel_err(y, ry) <= 1e-3, f"y rel err {rel_err(y, ry):.3g}"
+    assert np.max(np.abs(mean - rm) / np.abs(rm)) <= 1e-6
+    assert np.max(np.abs(rstd - rr) / rr) <= 1e-2
+
+
+# Hypothesis draws from the cheap cases (every strategy; inner-split costs ~5 s a run on the simulator and
+# is covered by the parametrized tests).
+CHEAP = [n for n in NAMES if n != "inner-split"]
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(CHEAP), log_ratio=st.floats(0.0, 4.0), seed=st.integers(0, 2**16),
+       sign=st.sampled_from([1.0, -1.0]), std=st.sampled_from([1e-3, 1.0, 50.0]))
+def test_large_mean_property(name, log_ratio, seed, sign, std):
+    loc = sign * std * 10.0**log_ratio
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, loc=loc, std=std, seed=seed)
+    assert rel_err(y, ry) <= 1e-3, f"y rel err {rel_err(y, ry):.3g} at mean/std = {loc / std:.3g}"
+    assert np.max(np.abs(rstd - rr) / rr) <= 1e-2
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_huge_ratio_never_nan_inf_or_negative_variance(name):
+    """mean/std up to 1e7 (each reduction its own ratio: 1e7, -1e5, 1e6, -1e7, ...): the variance may lose
+    all its digits but never goes negative (rstd finite, positive, <= 1/sqrt(eps)), nothing turns NaN or
+    Inf, and the mean stays within 1e-6 relative."""
+    rng = np.random.default_rng(12)
+    locs = (1e7, -1e5, 1e6, -1e7, 3e5, -3e6)
+    vals = per_reduction(name, CASES[name][2], lambda i, n: locs[i % len(locs)] + rng.normal(size=n))
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, values=vals)
+    assert np.all(np.isfinite(y))
+    assert np.all(np.isfinite(mean)) and np.all(np.isfinite(rstd))
+    assert np.all(rstd > 0) and np.all(rstd <= (1 / math.sqrt(1e-5)) * (1 + 1e-6))
+    assert np.max(np.abs(mean - rm) / np.abs(rm)) <= 1e-6
+
+
+# ----------------------------------------------------------------------------------------------------
+# Constant rows and eps
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_constant_rows_give_shift(name):
+    """Constant reductions (each its own constant: -1e4, 0.1, 3.25, 6e4, ...) with eps > 0: mean = the
+    constant, rstd = 1/sqrt(eps), y = shift, all finite."""
+    consts = (-1e4, 0.1, 3.25, 6e4, -7.5, 1e-3)
+    vals = per_reduction(name, CASES[name][2], lambda i, n: np.full(n, consts[i % len(consts)]))
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, values=vals)
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(rstd))
+    np.testing.assert_allclose(mean, rm, rtol=1e-6)
+    np.testing.assert_allclose(rstd, rr, rtol=1e-5)
+    # y == shift (ry) up to the float32 mean's rounding: exactly when the row's float32 mean is exact (-1e4,
+    # 3.25, ...), else (0.1) within a few ulps of the constant times rstd = 1/sqrt(eps) times |scale|
+    # (docs/accuracy.md); the kernels subtract the mean before scaling, so there is no other cancellation.
+    atol = 1e-6 * max(1.0, float(np.abs(ry).max())) + 8 * 2.0**-24 * np.abs(x) / math.sqrt(1e-5) * np.abs(sc).max()
+    assert np.all(np.abs(y - ry) <= atol), float(np.max(np.abs(y - ry) - atol))
+    exact = np.isin(x, [-1e4, 3.25, 6e4, -7.5])
+    np.testing.assert_array_equal(y[exact], ry[exact].astype(np.float32))
+
+
+@pytest.mark.parametrize("name", NAMES_NO_INNER_SPLIT)
+def test_eps_zero_non_constant_rows(name):
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, eps=0.0, seed=5)
+    assert np.all(np.isfinite(y))
+    check_y(y, ry, "float32")
+    check_stats(mean, rstd, rm, rr)
+
+
+def test_eps_zero_constant_row_is_nan_like_the_reference():
+    """eps = 0 and a constant row: 0/0 in the mathematics; rstd = inf and y = NaN, only in that row."""
+    v = np.random.default_rng(2).normal(size=(3, 24))
+    v[1] = 2.5
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run("inner-persistent", values=v, eps=0.0)
+    assert np.isinf(rstd[1]) and np.all(np.isnan(y[1]))
+    assert np.all(np.isfinite(y[[0, 2]]))
+    check_y(y[[0, 2]], ry[[0, 2]], "float32")
+
+
+# ----------------------------------------------------------------------------------------------------
+# Half precision near its maximum
+
+
+HALF_MAX = {"float16": 65504.0, "bfloat16": float(np.finfo(np.dtype("float32")).max) * (1 - 2**-8)}
+
+
+@pytest.mark.parametrize("name", NAMES_NO_INNER_SPLIT)
+def test_float16_near_max(name):
+    """|x| up to 0.95 * 65504: squares (up to 4.3e9 each) fit float32; y accurate, stats finite."""
+    shape = CASES[name][2]
+    vals = np.random.default_rng(1).uniform(-0.95, 0.95, size=shape) * HALF_MAX["float16"]
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, values=vals, dtype="float16")
+    assert np.all(np.isfinite(y.astype(np.float32)))
+    check_y(y, ry, "float16")
+    check_stats(mean, rstd, rm, rr)
+
+
+def test_float16_near_max_rms_and_constant():
+    """rms sums x^2 (65504^2 * n stays finite in float32); a constant row of 65504 gives shift."""
+    spec = normc.spec("t d : rms over d ; scale d", eps=1e-6)
+    x = make_x((3, 40), "float16", values=np.full((3, 40), 65504.0))
+    x[1] = -65504.0
+    sc = make_param(40, "float16", np.random.default_rng(0), loc=1.0, std=0.5)
+    y, mean, rstd = normc.compile(spec)(x, sc, return_stats=True)
+    ry, rm, rr = reference(spec, x, sc)
+    assert np.all(np.isfinite(y.astype(np.float32)))
+    check_y(y, ry, "float16")
+    check_stats(mean, rstd, rm, rr)
+
+
+@pytest.mark.parametrize("name", [case_param(n, BF16_SQUARE_BUG) for n in
+                                  ("inner-persistent", "inner-looped", "outer-persistent", "mixed-split")])
+def test_bfloat16_near_max(name):
+    """|x| up to 0.95 * 3.39e38 in bfloat16: the reference is finite (float64); so must normc be."""
+    shape = CASES[name][2]
+    vals = np.random.default_rng(1).uniform(-0.95, 0.95, size=shape) * HALF_MAX["bfloat16"]
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, values=vals, dtype="bfloat16")
+    assert np.all(np.isfinite(y.astype(np.float32))) and np.all(np.isfinite(rstd))
+    check_y(y, ry, "bfloat16")
+
+
+@pytest.mark.parametrize("name", ["inner-persistent", "outer-persistent", "mixed-split"])
+def test_bfloat16_large_but_safe(name):
+    """bfloat16 values up to 1e18 (squares up to 1e36 < FLT_MAX): accurate."""
+    shape = CASES[name][2]
+    vals = np.random.default_rng(4).uniform(-1.0, 1.0, size=shape) * 1e18
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, values=vals, dtype="bfloat16")
+    check_y(y, ry, "bfloat16")
+    assert rel_err(mean / 1e18, rm / 1e18) <= 1e-4
+
+
+# ----------------------------------------------------------------------------------------------------
+# Degenerate reductions
+
+
+@pytest.mark.parametrize("spec,shape,perm,schedule", [
+    (LN, (5, 1), None, None),
+    (LN, (2, 1), None, "looped"),
+    (LN, (1, 1), None, "split"),            # two CTAs share one element: one partial is empty
+    (IN2, (2, 3, 1, 1), NHWC, None),          # outer: channels contiguous, one element per reduction
+    (IN2, (2, 3, 1, 1), None, None),
+], ids=["inner", "inner-looped", "inner-split", "outer-nhwc", "nchw"])
+def test_reduction_extent_one(spec, shape, perm, schedule):
+    """One element per reduction: mean = x, rstd = 1/sqrt(eps), y = shift (to rounding)."""
+    spec = normc.spec(spec)
+    rng = np.random.default_rng(8)
+    x = make_x(shape, "float32", perm=perm, rng=rng)
+    ax = spec.axis_sizes(shape)
+    sc = None if spec.scale is None else make_param(math.prod(ax[a] for a in spec.scale), "float32", rng)
+    sh = None if spec.shift is None else make_param(math.prod(ax[a] for a in spec.shift), "float32", rng)
+    f = normc.compile(spec, schedule=schedule)
+    y, mean, rstd = f(x, sc, sh, return_stats=True)
+    ry, rm, rr = reference(spec, x, sc, sh)
+    np.testing.assert_array_equal(mean.reshape(-1), np.asarray(rm, np.float32).reshape(-1))
+    np.testing.assert_allclose(rstd, 1 / np.sqrt(1e-5), rtol=1e-6)
+    np.testing.assert_allclose(y, ry, rtol=0, atol=max(fold_atol(x, rr, sc), 1e-6))
+
+
+@pytest.mark.parametrize("text,shape,perm,schedule", [
+    ("t d : norm over t d", (3, 5), [1, 0], None),
+    ("n c h w : norm over n c h w", (2, 3, 2, 3), NHWC, None),
+    ("n c h w : rms over n c h w ; scale c h w", (1, 3, 2, 2), [1, 0, 2, 3], None),
+    ("a b c : norm over a b c ; shift a b c", (2, 5, 3), [2, 0, 1], "looped"),
+], ids=["2d-transposed", "4d-nhwc", "rms-affine", "3d-permuted-looped"])
+def test_reduction_over_every_axis(text, shape, perm, schedule):
+    spec = normc.spec(text)
+    rng = np.random.default_rng(9)
+    x = make_x(shape, "float32", perm=perm, rng=rng, loc=2.0)
+    ax = spec.axis_sizes(shape)
+    sc = None if spec.scale is None else make_param(math.prod(ax[a] for a in spec.scale), "float32", rng)
+    sh = None if spec.shift is None else make_param(math.prod(ax[a] for a in spec.shift), "float32", rng)
+    y, mean, rstd = normc.compile(spec, schedule=schedule)(x, sc, sh, return_stats=True)
+    ry, rm, rr = reference(spec, x, sc, sh)
+    assert mean.shape == () and rstd.shape == ()
+    check_y(y, ry, "float32", atol=fold_atol(x, rr, sc))
+    check_stats(mean, rstd, rm, rr)
+
+
+# ----------------------------------------------------------------------------------------------------
+# NaN and +-Inf
+
+
+def _poison(name):
+    """Values for case ``name`` with a NaN in one reduction, +Inf in a second and -Inf in a third (rows
+    2 and later of inner cases, and every other reduction, stay finite)."""
+    shape = CASES[name][2]
+    if name == "inner-split":  # two rows (each run costs a 512-thread CTA per split): NaN in the 2nd split
+        shape = (2, shape[1])
+        v = np.random.default_rng(3).normal(size=shape)
+        v[0, 40] = np.nan
+        return shape, v
+    if len(shape) == 2:
+        shape = (4, shape[1])
+    v = np.random.default_rng(3).normal(size=shape)
+    if len(shape) == 2:
+        v[0, 5], v[1, 3], v[2, 0] = np.nan, np.inf, -np.inf
+    else:  # (n, c, ...) : reductions (0, 0), (1, 1), (0, 2 or 3)
+        v[0, 0, 1, 1], v[1, 1, 0, 2], v[0, shape[1] - 1, -1, -1] = np.nan, np.inf, -np.inf
+    return shape, v
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_nan_and_inf_propagate_per_reduction(name):
+    """A NaN or +-Inf in x makes its own reduction's y and rstd NaN, as the float64 reference does, and
+    leaves every other reduction accurate. The mean of a reduction holding an Inf is NaN or that Inf
+    (merging partials computes Inf - Inf); either is non-finite where the reference's is."""
+    shape, v = _poison(name)
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, values=v, shape=shape)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ry))
+    np.testing.assert_array_equal(np.isinf(y), np.isinf(ry))
+    np.testing.assert_array_equal(np.isnan(rstd), np.isnan(rr))
+    np.testing.assert_array_equal(np.isfinite(mean), np.isfinite(rm))
+    ok = np.isfinite(ry)
+    assert ok.any() and (~ok).any()
+    if name != "inner-split":
+        assert np.isinf(x).any() and np.isnan(x).any()
+    check_y(y[ok], ry[ok], "float32")
+    fin = np.isfinite(rm)
+    check_stats(mean[fin], rstd[fin], rm[fin], rr[fin])
+
+
+def test_inf_in_rms_row_like_the_reference():
+    """rms: sum of squares = inf gives rstd = 0, y = 0 for the finite elements and NaN at the Inf."""
+    spec = normc.spec("t d : rms over d ; scale d", eps=1e-6)
+    x = make_x((3, 16), "float32", rng=np.random.default_rng(6))
+    x[1, 4] = np.inf
+    x[2, 7] = np.nan
+    sc = make_param(16, "float32", np.random.default_rng(0), loc=1.0, std=0.5)
+    y, mean, rstd = normc.compile(spec)(x, sc, return_stats=True)
+    ry, rm, rr = reference(spec, x, sc)
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ry))
+    assert rstd[1] == 0 and np.isnan(rstd[2])
+    np.testing.assert_allclose(y[np.isfinite(ry)], ry[np.isfinite(ry)], rtol=0, atol=2e-5 * np.abs(ry[0]).max())
