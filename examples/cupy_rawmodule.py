@@ -3,6 +3,8 @@
 normc plans and compiles a layer norm for one shape; the PTX is written to a file, loaded by
 ``cupy.RawModule(path=...)``, and each kernel is launched with the seven pointer arguments every normc kernel
 takes (x, out, scale, shift, mean, rstd, workspace; null where unused), on a 1-D grid, in launch order.
+(A plan that uses thread-block clusters, ``LoweredKernel.cluster > 1``, needs a cluster launch, which
+RawKernel does not offer.)
 
     python examples/cupy_rawmodule.py          # needs a CUDA GPU and CuPy
 """
@@ -24,6 +26,9 @@ def main():
     cc = cupy.cuda.Device().compute_capability  # e.g. "90"
     plan = normc.plan(spec, (T, D), "float32", stats=True, arch=f"sm_{cc}")
     kernels = lower(plan)
+    if any(k.cluster > 1 for k in kernels):  # not for this shape; plans of very long reductions use clusters
+        raise SystemExit("this plan launches thread-block clusters, which cupy.RawKernel cannot do: use the "
+                         "driver API (examples/ptx_driver_api) or normc.compile")
     rng = np.random.default_rng(0)
     x = cupy.asarray(rng.standard_normal((T, D), dtype=np.float32) * 2 + 0.5)
     w = cupy.asarray(rng.random(D, dtype=np.float32) + 0.5)

@@ -2,8 +2,10 @@
 # One device call's worth of GPU work, in order of importance; each step's log goes to $OUT (or ./gpu-out).
 # Start it after the install line of ../shared/gpu/README.md, e.g. through the device tool:
 #   <install line> bash tests/gpu_session.sh [bench|tests|examples|all]
-# Steps: tests = pytest -m gpu (every anchor row + interchange, streams, graphs); bench = normc bench over the
-# anchor table into docs/perf-style reports; examples = every example that needs a GPU.
+# Steps: tests = pytest -m gpu (every anchor row, interchange, streams, graphs, reliability, torch modules);
+# bench = normc bench over the anchor table into docs/perf-style reports (resumable: copy docs/perf/bench.json
+# into $out/perf first to continue a run); sanitize = compute-sanitizer over every strategy x schedule;
+# examples = every example that needs a GPU.
 set -uo pipefail
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
@@ -14,8 +16,12 @@ if [[ "$what" == tests || "$what" == all ]]; then
   timeout 420 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$out/gpu-tests.log" | tail -5
 fi
 if [[ "$what" == bench || "$what" == all ]]; then
-  timeout 540 normc bench --out "$out" 2>&1 | tail -80 > "$out/bench-stdout.log"
+  mkdir -p "$out/perf"
+  timeout 540 normc bench --out "$out/perf" --resume 2>&1 | tail -80 > "$out/bench-stdout.log"
   tail -15 "$out/bench-stdout.log"
+fi
+if [[ "$what" == sanitize || "$what" == all ]]; then
+  timeout 540 bash tests/gpu_sanitize.sh --out "$out" 2>&1 | tail -20
 fi
 if [[ "$what" == examples || "$what" == all ]]; then
   {
@@ -23,6 +29,11 @@ if [[ "$what" == examples || "$what" == all ]]; then
     timeout 120 python3 examples/instance_as_group_norm.py
     timeout 120 python3 examples/keras_layer_norm.py
     timeout 120 python3 examples/cupy_rawmodule.py
+    timeout 120 python3 examples/nvfuser_nhwc_instance_norm.py
+    timeout 120 python3 examples/jax_dlpack.py
+    timeout 300 python3 examples/style_transfer.py
+    timeout 300 python3 examples/unet3d_block.py
+    timeout 300 python3 examples/transformer_block.py
     normc ptx "t d : norm over d ; scale d ; shift d" --shape 4096,1024 --dtype float32 --stats -o /tmp/ln.ptx &&
       cmake -S examples/ptx_driver_api -B /tmp/ptxbuild >/dev/null && cmake --build /tmp/ptxbuild >/dev/null &&
       /tmp/ptxbuild/normc_ptx_run /tmp/ln.ptx 4096 1024

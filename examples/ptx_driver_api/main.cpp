@@ -4,10 +4,11 @@
 //   ./normc_ptx_run ln.ptx 4096 1024
 //
 // The file holds one PTX module per kernel, each after a header line
-//   // normc kernel i/n: entry=E, grid=G, block=B, shared=S bytes, workspace=W floats
+//   // normc kernel i/n: entry=E, grid=G, block=B, shared=S bytes, workspace=W floats, cluster=C
 // Every kernel takes seven pointers: x, out, scale, shift, mean, rstd, workspace (null where unused); the
-// launch is 1-D (grid G, block B) with static shared memory only, and the kernels run in file order on
-// one stream, sharing a float32 workspace of W elements. The shape and layout are baked into the PTX: run
+// launch is 1-D (grid G CTAs, block B) with static shared memory only, and the kernels run in file order on
+// one stream, sharing a float32 workspace of W elements. C > 1: launch with thread-block clusters of C CTAs
+// along x (cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION; above 8, allow non-portable sizes). The shape and layout are baked into the PTX: run
 // it on exactly the shape (and a row-major float32 x) it was generated for.
 #include <cuda.h>
 
@@ -34,7 +35,7 @@
 
 struct Kernel {
   std::string entry, ptx;
-  unsigned grid = 0, block = 0;
+  unsigned grid = 0, block = 0, cluster = 1;
   size_t workspace = 0;
 };
 
@@ -44,7 +45,7 @@ static std::vector<Kernel> read_modules(const char* path) {
     std::fprintf(stderr, "cannot read %s\n", path);
     std::exit(2);
   }
-  std::regex head(R"(^// normc kernel \d+/\d+: entry=(\S+), grid=(\d+), block=(\d+), shared=\d+ bytes, workspace=(\d+) floats)");
+  std::regex head(R"(^// normc kernel \d+/\d+: entry=(\S+), grid=(\d+), block=(\d+), shared=\d+ bytes, workspace=(\d+) floats(?:, cluster=(\d+))?)");
   std::vector<Kernel> ks;
   std::string line;
   while (std::getline(in, line)) {
@@ -55,6 +56,7 @@ static std::vector<Kernel> read_modules(const char* path) {
       k.grid = std::stoul(m[2]);
       k.block = std::stoul(m[3]);
       k.workspace = std::stoull(m[4]);
+      k.cluster = m[5].matched ? std::stoul(m[5]) : 1;
       ks.push_back(k);
     } else if (!ks.empty()) {
       ks.back().ptx += line + "\n";
@@ -111,8 +113,27 @@ int main(int argc, char** argv) {
   CHECK(cuMemcpyHtoD(db, b.data(), D * 4));
 
   void* params[7] = {&dx, &dy, &dw, &db, &dm, &dr, &dws};
-  for (size_t i = 0; i < ks.size(); ++i)
-    CHECK(cuLaunchKernel(fns[i], ks[i].grid, 1, 1, ks[i].block, 1, 1, 0, nullptr, params, nullptr));
+  for (size_t i = 0; i < ks.size(); ++i) {
+    if (ks[i].cluster <= 1) {
+      CHECK(cuLaunchKernel(fns[i], ks[i].grid, 1, 1, ks[i].block, 1, 1, 0, nullptr, params, nullptr));
+      continue;
+    }
+    if (ks[i].cluster > 8)
+      CHECK(cuFuncSetAttribute(fns[i], CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1));
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim.x = ks[i].cluster;
+    attr.value.clusterDim.y = 1;
+    attr.value.clusterDim.z = 1;
+    CUlaunchConfig cfg{};
+    cfg.gridDimX = ks[i].grid;  // in CTAs: a multiple of the cluster size
+    cfg.gridDimY = cfg.gridDimZ = 1;
+    cfg.blockDimX = ks[i].block;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    CHECK(cuLaunchKernelEx(&cfg, fns[i], params, nullptr));
+  }
   CHECK(cuCtxSynchronize());
   CHECK(cuMemcpyDtoH(y.data(), dy, n * 4));
   CHECK(cuMemcpyDtoH(mean.data(), dm, T * 4));
