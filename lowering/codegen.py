@@ -433,7 +433,7 @@ class _Inner(_Kernel):
             need = (e + 1) * TPR > last
             ok = g.new("ok")
             if need:
-                g(f"{ok} = rv and {c} < {NC}")
+                g(f"{ok} = rv & ({c} < {NC})")
                 cc = g.new("cc")
                 g(f"{cc} = min({c}, {NC - 1})")
             elif rv == "True":
@@ -452,9 +452,15 @@ class _Inner(_Kernel):
             # Two passes over the registers, each a plain sum across the CTA (cheaper than merging Welford
             # triples at every shuffle step): the CTA's mean, then squared deviations from it. The registers
             # hold x - pivot (masked lanes 0); mean is of the shifted values until the statistics are written.
+            # A masked vector's lanes are multiplied by its 0/1 mask (one F32() per vector instead of a select
+            # per value: fewer calls for Numba to type). A NaN/Inf pivot means the row holds one: NaN anyway.
+            masks = {}
             for names, ok in zip(xs, oks):
+                if ok != "True":
+                    masks[ok] = g.new("mk")
+                    g(f"{masks[ok]} = F32({ok})")
                 for nm in names:
-                    g(f"{nm} = {nm} - pv" if ok == "True" else f"{nm} = sel({ok}, {nm} - pv, F32(0.0))")
+                    g(f"{nm} = {nm} - pv" if ok == "True" else f"{nm} = ({nm} - pv) * {masks[ok]}")
             g(f"n = F32({float(p.reduced)!r})")
             g("s = F32(0.0)")
             for names in xs:
@@ -468,7 +474,7 @@ class _Inner(_Kernel):
             for names, ok in zip(xs, oks):
                 t = g.new("t")
                 g(f"{t} = " + " + ".join(f"({nm} - mean) * ({nm} - mean)" for nm in names))
-                g(f"m2 = m2 + {t}" if ok == "True" else f"m2 = m2 + sel({ok}, {t}, F32(0.0))")
+                g(f"m2 = m2 + {t}" if ok == "True" else f"m2 = m2 + {t} * {masks[ok]}")
             self.reduce_sum(g, "m2", "b")
             if C > 1:
                 self.cluster_sum(g, "m2", 2)
@@ -698,7 +704,7 @@ class _Outer(_Kernel):
         for t, nm in (("x", "xb"), ("out", "ob"), ("scale", "sb"), ("shift", "hb"), ("stat", "mb")):
             g(f"{nm} = I64({_offset(cs, self.kout, t)})")
         g(f"col = tile * {p.tile} + cx * {self.V}")
-        g("cok = True" if self.static_cok else f"cok = act and col < {self.CB}")
+        g("cok = True" if self.static_cok else f"cok = act & (col < {self.CB})")
         g(f"colc = min(col, {self.CB - self.V})")
         self.co = self.col_offsets(g, "colc")
         if p.stat == "norm":
@@ -715,20 +721,17 @@ class _Outer(_Kernel):
         if p.schedule == "persistent":
             E = p.per_thread
             self.px = []
-            g("cnt = F32(0.0)")
             for e in range(E):
                 r = g.new("rw")
                 g(f"{r} = r0 + ry + {e * p.ry}")
                 if self.static_cok and (e + 1) * p.ry <= self.min_rows:
                     ok = "True"  # the row and column are always in range: no branch
                     rc = r
-                    g("cnt += F32(1.0)")
                 else:
                     ok = g.new("ok")
-                    g(f"{ok} = cok and {r} < r1")
+                    g(f"{ok} = cok & ({r} < r1)")  # `&`, not `and`: no short-circuit branch
                     rc = g.new("rcl")
                     g(f"{rc} = min({r}, {self.RR - 1})")
-                    g(f"if act and {r} < r1: cnt += F32(1.0)")
                 ro = self.row_offsets(g, rc)
                 names = [g.new("x") for _ in range(V)]
                 self.load_x(g, names, f"xb + {self.co['x']} + {ro['x']}", ok)
@@ -749,7 +752,14 @@ class _Outer(_Kernel):
         the first column of the column's group, so a group shares one). Statistics accumulate x - pivot, so
         columns whose mean is large against their spread keep their digits."""
         V = self.V
-        if self.p.strategy == "mixed":
+        if self.p.strategy == "mixed" and self.G % V == 0:
+            # a vector never straddles groups: its V columns share the group's pivot
+            g(f"gs0 = (colc // {self.G}) * {self.G}")
+            co = self.col_offsets(g, "gs0")
+            g(f"pv0 = ld1_{self.xt}(xp, xb + {co['x']})")
+            for j in range(1, V):
+                g(f"pv{j} = pv0")
+        elif self.p.strategy == "mixed":
             for j in range(V):
                 gs = g.new("gs")
                 g(f"{gs} = ((colc + {j}) // {self.G}) * {self.G}")
@@ -779,7 +789,7 @@ class _Outer(_Kernel):
         for u in range(U):
             r, ok, rc = g.new("rw"), g.new("ok"), g.new("rcl")
             g(f"{r} = base + {u * self.p.ry}")
-            g(f"{ok} = cok and {r} < r1")
+            g(f"{ok} = cok & ({r} < r1)")
             g(f"{rc} = min({r}, {self.RR - 1})")
             ro = self.row_offsets(g, rc)
             names = [g.new("x") for _ in range(self.V)]
@@ -998,9 +1008,14 @@ class _Outer(_Kernel):
         self.emit_rows_accumulate(g)  # persistent: loads into registers (self.px)
         if p.stat == "norm":
             # registers hold x - pivot (masked lanes 0); means are of shifted values until written out
+            # masked rows: values times their 0/1 mask (one F32() per row, not a select per value)
+            masks = {}
             for ok, names, _ in self.px:
+                if ok != "True":
+                    masks[ok] = g.new("mk")
+                    g(f"{masks[ok]} = F32({ok})")
                 for j, nm in enumerate(names):
-                    g(f"{nm} = {nm} - pv{j}" if ok == "True" else f"{nm} = sel({ok}, {nm} - pv{j}, F32(0.0))")
+                    g(f"{nm} = {nm} - pv{j}" if ok == "True" else f"{nm} = ({nm} - pv{j}) * {masks[ok]}")
             self.emit_pivot_table(g)
             for j in range(V):
                 g(f"u{j} = " + " + ".join(names[j] for _, names, _ in self.px))
@@ -1022,7 +1037,7 @@ class _Outer(_Kernel):
                 terms = []
                 for ok, names, _ in self.px:
                     d2 = f"({names[j]} - mu{j}) * ({names[j]} - mu{j})"
-                    terms.append(d2 if ok == "True" else f"sel({ok}, {d2}, F32(0.0))")
+                    terms.append(d2 if ok == "True" else f"{d2} * {masks[ok]}")
                 g(f"q{j} = " + " + ".join(terms))
         else:
             for j in range(V):

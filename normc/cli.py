@@ -171,6 +171,8 @@ def _cmd_ptx(args) -> int:
         kernels = lower_backward(plan)
     else:
         plan = _plan_from_args(args)
+        if plan.kept * plan.reduced == 0:
+            raise _UsageError("--shape has a zero extent: there is nothing to compute and no kernel to write")
         kernels = lower(plan)
     if args.resource_usage:
         for i, k in enumerate(kernels, 1):

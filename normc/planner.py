@@ -643,7 +643,15 @@ def rejected(plan: Plan) -> list:
         l2 = [w for w in plan.why if "fit in L2" in w]
         cl = "" if _clusters_ok(plan.arch) else f" (clusters need sm_90+, the target is {plan.arch})"
         if l2:
-            out.append("persistent: a cluster is not needed, " + l2[0].split(": ", 1)[1])
+            if plan.strategy == "inner":
+                one = (f"a row of {plan.reduced} exceeds one CTA's registers "
+                       f"({MAX_PERSISTENT_THREADS} threads x {2 * MAX_VALUES_PER_THREAD} values)")
+            else:
+                rows = plan.reduced // (plan.group if plan.strategy == "mixed" else 1)
+                one = (f"{rows} rows over {plan.ry} y-threads need {-(-rows // plan.ry) * plan.vec} values per "
+                       f"thread in one CTA (limit {MAX_VALUES_PER_THREAD})")
+            out.append(f"persistent: {one}; a cluster could hold them, but the looped schedule reads HBM about "
+                       f"once here ({l2[0].split(': ', 1)[0]})")
         elif plan.strategy == "inner":
             C = CLUSTER_SIZES[-1]
             need = -(-plan.reduced // (C * MAX_PERSISTENT_THREADS * plan.vec)) * plan.vec

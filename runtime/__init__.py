@@ -110,7 +110,7 @@ class Compiled:
             overlap x, nor scale or shift; must be writeable.
         stream: stream to launch on (torch/CuPy stream object, Numba stream, or a raw handle); default: the
             current torch/CuPy stream of x's device, else the legacy default stream. Never synchronizes.
-        return_stats: also return float32 ``mean`` and ``rstd``, shaped like the kept axes in spec order
+        return_stats: ``True`` to also return float32 ``mean`` and ``rstd``, shaped like the kept axes in spec order
             (``mean`` is 0 for ``rms``).
 
     Returns:
@@ -166,6 +166,8 @@ class Compiled:
             fast = self._fast.get(fk)
             if fast is not None:
                 return fast(x, scale, shift)
+        if return_stats not in (True, False):  # also accepts numpy's bool_
+            raise ArgumentError(f"return_stats is {return_stats!r}; expected True or False")
         xi = describe(x, "x")
         si = None if scale is None else describe(scale, "scale")
         hi = None if shift is None else describe(shift, "shift")
