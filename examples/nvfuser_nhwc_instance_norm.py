@@ -15,7 +15,6 @@ else CUDA events), with the copy-bandwidth floor (bytes read + written at the me
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import numpy as np
@@ -26,26 +25,15 @@ SPEC = normc.spec("n c h w : norm over h w ; scale c ; shift c", eps=1e-5)
 
 
 def bench(fn, reps=100):
-    """Median milliseconds of ``fn()`` on the GPU."""
-    import torch
-
+    """Median milliseconds of ``fn()`` on the GPU (triton's do_bench, else CUDA events)."""
     try:
         from triton.testing import do_bench
 
         return do_bench(fn, warmup=25, rep=reps, return_mode="median")
     except ImportError:
-        pass
-    for _ in range(10):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+        from _compare import step_time  # examples/_compare.py: CUDA-event medians
+
+        return step_time(fn, iters=reps)
 
 
 def copy_bandwidth():

@@ -1,0 +1,738 @@
+"""BackwardPlan -> Python source of the gradient kernels (Numba CUDA; same source on the GPU and the simulator).
+
+Every backward kernel takes nine pointers, in this order::
+
+    dy, x, scale, mean, rstd, dx, workspace, dscale, dshift
+
+dy/x/dx/scale/dscale/dshift point to float32 (``float*``) or to 16-bit words (``uint16*``) by their dtypes;
+mean, rstd and workspace to float32; unused ones may be null. dy and dx share strides (the forward's
+``out`` strides). The helpers the source calls are those of :mod:`normc.lowering.codegen` (``ld{v}_{t}``,
+``st{v}_{t}``, ``shfl_xor``, ``I64``, ``F32``, ...).
+
+Kernels, in launch order (see :mod:`normc.backward_plan`):
+
+* Fused path (``plan.fused``; inner rows that fit in registers): ``normc_bwd_fused`` reads each row's x and dy
+  once into registers, writes dx and accumulates the parameter gradients (per-CTA partials, or per-row sums);
+  ``normc_bwd_fparam_finish`` / ``normc_bwd_frow_finish`` add those in a fixed order (:class:`_Fused`).
+  Parameter reductions it does not cover follow as ``normc_bwd_param*`` below.
+* ``normc_bwd_dx`` (not split): per row, pass 1 sums ``g = dy*scale`` and ``g*xhat`` (lanes along the
+  reduction, or along columns for an outer reduction), the CTA combines the sums in a fixed order, pass 2
+  re-reads x and dy (mostly from L1/L2) and writes ``dx = rstd*(g - mean(g) - xhat*mean(g*xhat))``.
+  Split: ``normc_bwd_dx_partial`` writes the sums per (split, row) to the workspace, then
+  ``normc_bwd_dx_finish`` adds the row's partials in split order and writes its slice of dx.
+* ``normc_bwd_param`` (not split): per parameter element, the sums of ``dy*xhat`` (dscale) and ``dy``
+  (dshift) over the axes it is broadcast along, converted to the parameter dtype. Split:
+  ``normc_bwd_param_partial`` then ``normc_bwd_param_finish`` (one thread per parameter element adds the
+  splits in order).
+
+All arithmetic is float32; nothing uses atomics, so results are bitwise reproducible for a given plan.
+"""
+
+from __future__ import annotations
+
+from .codegen import TAG, KernelSource, _coords, _offset, _ptr_type, _Src, vector_offsets
+
+BPARAMS = "gp, xp, sp, mp, rp, dp, wp, dsp, dhp"
+_OUTPTR = {"dscale": "dsp", "dshift": "dhp"}
+
+
+class _Red:
+    """Generator of one :class:`normc.backward_plan.ReducePlan`'s kernels."""
+
+    def __init__(self, bp, rp):
+        self.bp, self.rp = bp, rp
+        self.V = rp.vec
+        self.shared = 0
+        self.red = [a for a in rp.axes if a.reduced]
+        self.kep = [a for a in rp.axes if not a.reduced]
+        self.inner = rp.axes[-1]
+        self.dx = rp.role == "dx"
+        self.norm = bp.stat == "norm"
+        self.use_scale = self.dx and bp.scale_dtype is not None
+        self.Q = (["g", "gx"] if self.norm else ["gx"]) if self.dx else \
+            [("dyx" if o == "dscale" else "dy") for o in rp.outputs]
+
+    def ptypes(self):
+        b = self.bp
+        return (_ptr_type(b.dy_dtype), _ptr_type(b.x_dtype), _ptr_type(b.scale_dtype), "float32", "float32",
+                _ptr_type(b.x_dtype), "float32", _ptr_type(b.dscale_dtype), _ptr_type(b.dshift_dtype))
+
+    def smem(self, g, name, n):
+        g.decls.append(f"{name} = cuda.shared.array({n}, F32T)")
+        self.shared += 4 * n
+
+    def prologue(self, g, name):
+        g(f"def {name}({BPARAMS}):")
+        g.ind += 1
+        g("tid = I64(cuda.threadIdx.x)")
+        g("bid = I64(cuda.blockIdx.x)")
+        g.mark_decls()
+
+    # ------------------------------------------------------------------------------------------------
+    # element values
+
+    def _seq(self, g, tag, ptr, off, step, vec_ok):
+        """``V`` float32 values at ``off + j*step``; one vector load when allowed."""
+        V = self.V
+        names = [g.new("v") for _ in range(V)]
+        if step == 0 or V == 1:
+            g(f"{names[0]} = ld1_{tag}({ptr}, {off})")
+            if step == 0:
+                return [names[0]] * V
+            return names
+        if vec_ok and step == 1:
+            g(f"{', '.join(names)} = ld{V}_{tag}({ptr}, {off})")
+            return names
+        for j, nm in enumerate(names):
+            g(f"{nm} = ld1_{tag}({ptr}, {off} + {j * step})")
+        return names
+
+    def hoist(self, g, varies, offs):
+        """Load the values constant along the iterated (summed) axes once: mean/rstd, scale."""
+        self.h = {}
+        if not varies["stat"]:
+            self.h["rs"] = self._seq(g, "f32", "rp", offs["stat"], varies["stat_step"], self.rp.stat_vec)
+            if self.norm:
+                self.h["mu"] = self._seq(g, "f32", "mp", offs["stat"], varies["stat_step"], self.rp.stat_vec)
+        if self.use_scale and not varies["scale"]:
+            self.h["sc"] = self._seq(g, TAG[self.bp.scale_dtype], "sp", offs["scale"], varies["scale_step"],
+                                     self.rp.scale_vec)
+
+    def values(self, g, offs, varies):
+        """Emit loads for one vector of elements; returns dict of per-element names: xh, dy, g."""
+        b, V = self.bp, self.V
+        xs = [g.new("x") for _ in range(V)]
+        dys = [g.new("dy") for _ in range(V)]
+        xt, gt = TAG[b.x_dtype], TAG[b.dy_dtype]
+        if V == 1:
+            g(f"{xs[0]} = ld1_{xt}(xp, {offs['x']})")
+            g(f"{dys[0]} = ld1_{gt}(gp, {offs['out']})")
+        else:
+            g(f"{', '.join(xs)} = ld{V}_{xt}(xp, {offs['x']})")
+            g(f"{', '.join(dys)} = ld{V}_{gt}(gp, {offs['out']})")
+        if "rs" in self.h:
+            rs = self.h["rs"]
+            mu = self.h.get("mu")
+        else:
+            rs = self._seq(g, "f32", "rp", offs["stat"], self.inner.stat, self.rp.stat_vec)
+            mu = self._seq(g, "f32", "mp", offs["stat"], self.inner.stat, self.rp.stat_vec) if self.norm else None
+        xh = [g.new("xh") for _ in range(V)]
+        for j in range(V):
+            g(f"{xh[j]} = ({xs[j]} - {mu[j]}) * {rs[j]}" if self.norm else f"{xh[j]} = {xs[j]} * {rs[j]}")
+        out = {"xh": xh, "dy": dys, "rs": rs}
+        if self.dx:
+            if self.use_scale:
+                sc = self.h.get("sc") or self._seq(g, TAG[b.scale_dtype], "sp", offs["scale"], self.inner.scale,
+                                                   self.rp.scale_vec)
+                gs = [g.new("g") for _ in range(V)]
+                for j in range(V):
+                    g(f"{gs[j]} = {dys[j]} * {sc[j]}")
+                out["g"] = gs
+            else:
+                out["g"] = dys
+        return out
+
+    def accumulate(self, g, vals, suffix=lambda j: ""):
+        for j in range(self.V):
+            s = suffix(j)
+            for q in self.Q:
+                if q == "g":
+                    g(f"a_g{s} = a_g{s} + {vals['g'][j]}")
+                elif q == "gx":
+                    g(f"a_gx{s} = a_gx{s} + {vals['g'][j]} * {vals['xh'][j]}")
+                elif q == "dyx":
+                    g(f"a_dyx{s} = a_dyx{s} + {vals['dy'][j]} * {vals['xh'][j]}")
+                else:
+                    g(f"a_dy{s} = a_dy{s} + {vals['dy'][j]}")
+
+    def emit_dx(self, g, vals, c1, c2, off_out):
+        """dx for one vector given per-element mean(g) ``c1`` and mean(g*xhat) ``c2`` names."""
+        V = self.V
+        ds = [g.new("dx") for _ in range(V)]
+        for j in range(V):
+            gj, xj, rj = vals["g"][j], vals["xh"][j], vals["rs"][j]
+            if self.norm:
+                g(f"{ds[j]} = {rj} * ({gj} - {c1[j]} - {xj} * {c2[j]})")
+            else:
+                g(f"{ds[j]} = {rj} * ({gj} - {xj} * {c2[j]})")
+        t = TAG[self.bp.x_dtype]
+        if V == 1:
+            g(f"st1_{t}(dp, {off_out}, {ds[0]})")
+        else:
+            g(f"st{V}_{t}(dp, {off_out}, ({', '.join(ds)},))")
+
+    def varies(self, iter_axes):
+        v = {"stat": any(a.stat for a in iter_axes), "scale": any(a.scale for a in iter_axes)}
+        return v
+
+    # ------------------------------------------------------------------------------------------------
+    # inner: lanes along the summed innermost axis
+
+    def reduce_sum(self, g, s, tag):
+        """Sum ``s`` over the TPR lanes of a row (xor butterfly: every lane gets the same bits)."""
+        TPR, RPC = self.rp.tpr, self.rp.rows_per_cta
+        off = min(TPR, 32) // 2
+        while off >= 1:
+            g(f"{s} = {s} + shfl_xor({s}, {off})")
+            off //= 2
+        if TPR <= 32:
+            return
+        NW = TPR // 32
+        self.smem(g, f"ss{tag}", RPC * NW)
+        with g.block("if tid % 32 == 0:"):
+            g(f"ss{tag}[rloc * {NW} + lane // 32] = {s}")
+        g("cuda.syncthreads()")
+        g(f"{s} = ss{tag}[rloc * {NW}]")
+        with g.block(f"for wi in range(1, {NW}):"):
+            g(f"{s} = {s} + ss{tag}[rloc * {NW} + wi]")
+
+    def chunk_offsets(self, g, c):
+        return vector_offsets(g, c, self.red, self.V, ("x", "out", "scale", "stat"))
+
+    def inner_kernel(self, mode):
+        """mode: ``fused`` (dx, one kernel), ``partial``, ``finish`` (dx split), ``direct`` (param, one kernel)."""
+        rp, b, V = self.rp, self.bp, self.V
+        S, TPR, RPC = rp.splits, rp.tpr, rp.rows_per_cta
+        NC = rp.reduced // V
+        g = _Src()
+        name = {"fused": "normc_bwd_dx", "direct": "normc_bwd_param"}.get(
+            mode, f"normc_bwd_{rp.role}_{mode}")
+        self.prologue(g, name)
+        if S > 1:
+            g("lane = tid")
+            g("rloc = 0")
+            g(f"sp_ = bid % {S}")
+            g(f"row = bid // {S}")
+            g("rv = True")
+            r = "row"
+            L = -(-NC // S)
+            g(f"lo = sp_ * {L}")
+            g(f"hi = min(lo + {L}, {NC})")
+        else:
+            g(f"lane = tid % {TPR}" if RPC > 1 else "lane = tid")
+            g(f"rloc = tid // {TPR}" if RPC > 1 else "rloc = 0")
+            g(f"row = bid * {RPC} + rloc")
+            ragged = rp.keys % RPC != 0
+            g(f"rv = row < {rp.keys}" if ragged else "rv = True")
+            g(f"rowc = min(row, {rp.keys - 1})")
+            r = "rowc"
+            g("lo = 0")
+            g(f"hi = {NC}")
+        cs = _coords(g, r, self.kep, "k")
+        for t, nm in (("x", "xb"), ("out", "ob"), ("scale", "sb"), ("stat", "mb"), (rp.key, "kb")):
+            g(f"{nm} = I64({_offset(cs, self.kep, t)})")
+        varies = self.varies(self.red)
+        varies["stat_step"] = 0
+        varies["scale_step"] = 0
+        self.hoist(g, varies, {"stat": "mb", "scale": "sb"})
+
+        def base_offs(o):
+            return {"x": f"xb + {o['x']}", "out": f"ob + {o['out']}", "scale": f"sb + {o['scale']}",
+                    "stat": f"mb + {o['stat']}"}
+
+        W = f"{rp.ws_offset}"
+        if mode == "finish":
+            for q in self.Q:
+                g(f"a_{q} = F32(0.0)")
+            with g.block(f"for k in range({S}):"):
+                for i, q in enumerate(self.Q):
+                    g(f"a_{q} = a_{q} + ld1_f32(wp, {W} + (k * {rp.keys} + kb) * {rp.nq} + {i})")
+        else:
+            for q in self.Q:
+                g(f"a_{q} = F32(0.0)")
+            with g.block(f"for c in range(lo + lane, hi, {TPR}):"):
+                o = self.chunk_offsets(g, "c")
+                vals = self.values(g, base_offs(o), varies)
+                self.accumulate(g, vals)
+            for i, q in enumerate(self.Q):
+                self.reduce_sum(g, f"a_{q}", f"{i}")
+        if mode == "partial":
+            with g.block("if lane == 0:"):
+                for i, q in enumerate(self.Q):
+                    g(f"st1_f32(wp, {W} + (sp_ * {rp.keys} + kb) * {rp.nq} + {i}, a_{q})")
+        elif mode == "direct":
+            with g.block("if lane == 0 and rv:"):
+                for o, q in zip(rp.outputs, self.Q):
+                    g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, kb, a_{q})")
+        else:  # fused / finish: the dx pass over this CTA's slice of the row
+            n = float(rp.reduced)
+            g(f"c1 = a_{self.Q[0]} / F32({n!r})")
+            g(f"c2 = a_gx / F32({n!r})")
+            with g.block("if rv:"):
+                with g.block(f"for c in range(lo + lane, hi, {TPR}):"):
+                    o = self.chunk_offsets(g, "c")
+                    bo = base_offs(o)
+                    vals = self.values(g, bo, varies)
+                    self.emit_dx(g, vals, ["c1"] * V, ["c2"] * V, bo["out"])
+        grid = rp.grid
+        return KernelSource(name, g.text(), grid, rp.threads, self.shared, self.ptypes())
+
+    # ------------------------------------------------------------------------------------------------
+    # outer: lanes along the kept innermost axis (columns), rows over y-threads
+
+    def outer_kernel(self, mode):
+        rp, b, V = self.rp, self.bp, self.V
+        S, T, RY = rp.splits, rp.tile, rp.ry
+        blk = self.inner
+        CB = blk.size
+        NT = -(-CB // T)
+        rowax = self.red
+        kout = self.kep[:-1]
+        RR = rp.reduced
+        g = _Src()
+        name = {"fused": "normc_bwd_dx", "direct": "normc_bwd_param"}.get(
+            mode, f"normc_bwd_{rp.role}_{mode}")
+        self.prologue(g, name)
+        g(f"cx = tid % {rp.nxc}")
+        g(f"ry = tid // {rp.nxc}")
+        g(f"act = ry < {RY}")
+        g(f"sp_ = bid % {S}")
+        g(f"t2 = bid // {S}")
+        g(f"tile = t2 % {NT}")
+        g(f"ko = t2 // {NT}")
+        cs = _coords(g, "ko", kout, "k")
+        for t, nm in (("x", "xb"), ("out", "ob"), ("scale", "sb"), ("stat", "mb"), (rp.key, "kb")):
+            g(f"{nm} = I64({_offset(cs, kout, t)})")
+        g(f"col = tile * {T} + cx * {V}")
+        g(f"cok = act and col < {CB}")
+        g(f"colc = min(col, {CB - V})")
+        co = {t: (f"colc * {blk.stride(t)}" if blk.stride(t) else "0") for t in ("x", "out", "scale", "stat")}
+        RS = -(-RR // S)
+        g(f"r0 = sp_ * {RS}")
+        g(f"r1 = min(r0 + {RS}, {RR})")
+        varies = self.varies(rowax)
+        varies["stat_step"] = blk.stat
+        varies["scale_step"] = blk.scale
+        self.hoist(g, varies, {"stat": f"mb + {co['stat']}", "scale": f"sb + {co['scale']}"})
+
+        def offs_at(r):
+            rc = _coords(g, r, rowax, "r")
+            ro = {t: _offset(rc, rowax, t) for t in ("x", "out", "scale", "stat")}
+            return {t: f"{nm} + {co[t]} + {ro[t]}" for t, nm in
+                    (("x", "xb"), ("out", "ob"), ("scale", "sb"), ("stat", "mb"))}
+
+        W = f"{rp.ws_offset}"
+        gkey = f"kb + (tile * {T} + lc) * {blk.stride(rp.key)}"
+        for q in self.Q:
+            self.smem(g, f"sQ_{q}", RY * T if mode != "finish" else T)
+            if mode == "fused":
+                self.smem(g, f"sT_{q}", T)
+        if mode == "finish":
+            with g.block(f"for lc in range(tid, {T}, {rp.threads}):"):
+                g(f"gk = {gkey}")
+                g(f"gok = tile * {T} + lc < {CB}")
+                for q in self.Q:
+                    g(f"t_{q} = F32(0.0)")
+                with g.block("if gok:"):
+                    with g.block(f"for k in range({S}):"):
+                        for i, q in enumerate(self.Q):
+                            g(f"t_{q} = t_{q} + ld1_f32(wp, {W} + (k * {rp.keys} + gk) * {rp.nq} + {i})")
+                for q in self.Q:
+                    g(f"sQ_{q}[lc] = t_{q}")
+            g("cuda.syncthreads()")
+        else:
+            for j in range(V):
+                for q in self.Q:
+                    g(f"a_{q}{j} = F32(0.0)")
+            with g.block("if cok:"):
+                with g.block(f"for r in range(r0 + ry, r1, {RY}):"):
+                    vals = self.values(g, offs_at("r"), varies)
+                    self.accumulate(g, vals, suffix=lambda j: f"{j}")
+            with g.block("if act:"):
+                for j in range(V):
+                    for q in self.Q:
+                        g(f"sQ_{q}[ry * {T} + cx * {V} + {j}] = a_{q}{j}")
+            g("cuda.syncthreads()")
+            with g.block(f"for lc in range(tid, {T}, {rp.threads}):"):
+                for q in self.Q:
+                    g(f"t_{q} = sQ_{q}[lc]")
+                with g.block(f"for k in range(1, {RY}):"):
+                    for q in self.Q:
+                        g(f"t_{q} = t_{q} + sQ_{q}[k * {T} + lc]")
+                g(f"gok = tile * {T} + lc < {CB}")
+                g(f"gk = {gkey}")
+                if mode == "partial":
+                    with g.block("if gok:"):
+                        for i, q in enumerate(self.Q):
+                            g(f"st1_f32(wp, {W} + (sp_ * {rp.keys} + gk) * {rp.nq} + {i}, t_{q})")
+                elif mode == "direct":
+                    with g.block("if gok:"):
+                        for o, q in zip(rp.outputs, self.Q):
+                            g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, gk, t_{q})")
+                else:
+                    for q in self.Q:
+                        g(f"sT_{q}[lc] = t_{q}")
+            if mode == "fused":
+                g("cuda.syncthreads()")
+        if mode in ("fused", "finish"):
+            src = "sT_" if mode == "fused" else "sQ_"
+            n = float(RR)
+            c1 = [g.new("c1") for _ in range(V)]
+            c2 = [g.new("c2") for _ in range(V)]
+            for j in range(V):
+                idx = f"min(cx * {V} + {j}, {T - 1})"
+                g(f"{c1[j]} = {src}{self.Q[0]}[{idx}] / F32({n!r})")
+                g(f"{c2[j]} = {src}gx[{idx}] / F32({n!r})")
+            with g.block("if cok:"):
+                with g.block(f"for r in range(r0 + ry, r1, {RY}):"):
+                    bo = offs_at("r")
+                    vals = self.values(g, bo, varies)
+                    self.emit_dx(g, vals, c1, c2, bo["out"])
+        return KernelSource(name, g.text(), rp.grid, rp.threads, self.shared, self.ptypes())
+
+    def param_finish(self):
+        rp, b = self.rp, self.bp
+        g = _Src()
+        self.prologue(g, "normc_bwd_param_finish")
+        g("k = bid * 256 + tid")
+        with g.block(f"if k < {rp.keys}:"):
+            for i, (o, q) in enumerate(zip(rp.outputs, self.Q)):
+                g(f"t_{q} = F32(0.0)")
+                with g.block(f"for s in range({rp.splits}):"):
+                    g(f"t_{q} = t_{q} + ld1_f32(wp, {rp.ws_offset} + (s * {rp.keys} + k) * {rp.nq} + {i})")
+                g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, k, t_{q})")
+        return KernelSource("normc_bwd_param_finish", g.text(), -(-rp.keys // 256), 256, 0, self.ptypes())
+
+    def kernels(self):
+        rp = self.rp
+        gen = self.inner_kernel if rp.strategy == "inner" else self.outer_kernel
+        if rp.role == "dx":
+            if rp.splits == 1:
+                return [gen("fused")]
+            k1 = gen("partial")
+            self.shared = 0
+            return [k1, gen("finish")]
+        if rp.splits == 1:
+            return [gen("direct")]
+        k1 = gen("partial")
+        self.shared = 0
+        return [k1, self.param_finish()]
+
+
+_PTENSOR = {"dscale": "scale", "dshift": "shift"}
+# Fused kernel: the scale values of a lane's elements stay in registers across rows up to this many per thread
+# (more are reloaded per row from L1, which keeps 16-value rows under 128 registers).
+HOIST_SCALE_VALUES = 8
+
+
+class _Fused(_Red):
+    """Generator of the fused dx kernel of a :class:`normc.backward_plan.FusedPlan` and its finish kernels.
+
+    ``normc_bwd_fused``: each CTA loops over its row groups; per row, ``tpr`` lanes load the row's x and dy
+    once (``per`` vectors each, masked past the row's end and for rows past the last), form xhat and
+    ``g = dy*scale``, accumulate the parameter sums of the lane route in registers (one per element the
+    thread holds, kept across rows), combine the row sums across the lanes (xor butterfly, then shared memory
+    in warp order), write dx from the registers, and for the row route write the row's sums. After its rows
+    the CTA writes its parameter partials (rows of one CTA at a time combined in row order through shared
+    memory). ``normc_bwd_fparam_finish`` / ``normc_bwd_frow_finish`` add them in a fixed order."""
+
+    def __init__(self, bp):
+        super().__init__(bp, bp.dx)
+        self.fz = bp.fused
+        self.V = self.fz.vec
+
+    def _ok(self, g, *conds):
+        conds = [c for c in conds if c != "True"]
+        if not conds:
+            return "True"
+        if len(conds) == 1:
+            return conds[0]
+        nm = g.new("ok")
+        g(f"{nm} = {' and '.join(conds)}")
+        return nm
+
+    def _ld(self, g, tag, ptr, off, ok):
+        V = self.V
+        names = [g.new("v") for _ in range(V)]
+        fn = f"ld{V}_{tag}" if ok == "True" else f"ldm{V}_{tag}"
+        cond = "" if ok == "True" else f", {ok}"
+        g(f"{', '.join(names)} = {fn}({ptr}, {off}{cond})")
+        return names
+
+    def _lane_sums(self, g, sums, RPC, TPR):
+        """Sum each name in ``sums`` over the TPR lanes of a row (every lane gets the same bits)."""
+        off = min(TPR, 32) // 2
+        while off >= 1:
+            for s in sums:
+                g(f"{s} = {s} + shfl_xor({s}, {off})")
+            off //= 2
+        if TPR <= 32:
+            return
+        NW = TPR // 32
+        n = RPC * NW
+        self.smem(g, "sR", n * len(sums))
+        with g.block("if tid % 32 == 0:"):
+            for i, s in enumerate(sums):
+                g(f"sR[{i * n} + rloc * {NW} + lane // 32] = {s}")
+        g("cuda.syncthreads()")
+        for i, s in enumerate(sums):
+            g(f"{s} = sR[{i * n} + rloc * {NW}]")
+            with g.block(f"for wi in range(1, {NW}):"):
+                g(f"{s} = {s} + sR[{i * n} + rloc * {NW} + wi]")
+        g("cuda.syncthreads()")  # sR is rewritten by the next row
+
+    def fused_kernel(self):
+        b, fz, V = self.bp, self.fz, self.V
+        E, TPR, RPC, G = fz.per, fz.tpr, fz.rows_per_cta, fz.grid
+        NC = b.reduced // V
+        keys = fz.keys
+        P = fz.lane_params
+        smode = fz.scale_mode
+        stag = TAG[b.scale_dtype] if b.scale_dtype else None
+        g = _Src()
+        self.prologue(g, "normc_bwd_fused")
+        g(f"lane = tid % {TPR}" if RPC > 1 else "lane = tid")
+        g(f"rloc = tid // {TPR}" if RPC > 1 else "rloc = 0")
+        g(f"g0 = (bid * {fz.groups}) // {G}")
+        g(f"g1 = ((bid + 1) * {fz.groups}) // {G}")
+        # the vectors this lane holds in every row: offsets relative to the row's bases
+        slots = []
+        for e in range(E):
+            c = g.new("c")
+            g(f"{c} = lane + {e * TPR}")
+            if (e + 1) * TPR > NC:
+                okc = g.new("okc")
+                g(f"{okc} = {c} < {NC}")
+                cc = g.new("cc")
+                g(f"{cc} = min({c}, {NC - 1})")
+            else:
+                okc, cc = "True", c
+            o = vector_offsets(g, cc, self.red, V, ("x", "out", "scale", "shift"))
+            slots.append((okc, o))
+        inner = self.inner
+        sc = None
+        if smode == "lane" and E * V <= HOIST_SCALE_VALUES:
+            # scale depends only on the position in the row: loaded once per CTA
+            sc = [self._seq(g, stag, "sp", o["scale"], inner.scale, self.rp.scale_vec) for _, o in slots]
+        lane_q = [("dyx" if o == "dscale" else "dy", _PTENSOR[o]) for o in fz.lane_outputs]
+        row_q = ["dyx" if o == "dscale" else "dy" for o in fz.row_outputs]
+        for i in range(len(lane_q)):
+            for e in range(E):
+                for j in range(V):
+                    g(f"a{i}_{e}_{j} = F32(0.0)")
+        by_dy = smode in ("none", "row")  # row sums of dy (times the row's scale) give those of g
+        if by_dy:
+            sums = (["s_dy"] if self.norm or "dy" in row_q else []) + ["s_dyx"]
+        else:
+            sums = (["s_g"] if self.norm else []) + ["s_gx"] + [f"s_{q}" for q in row_q]
+        ragged = keys % RPC != 0
+        with g.block("for it in range(g0, g1):"):
+            g(f"row = it * {RPC} + rloc")
+            if ragged:
+                g(f"rv = row < {keys}")
+                g(f"rowc = min(row, {keys - 1})")
+                r = "rowc"
+            else:
+                g("rv = True")
+                r = "row"
+            cs = _coords(g, r, self.kep, "k")
+            for t, nm in (("x", "xb"), ("out", "ob"), ("scale", "sb"), ("stat", "mb")):
+                g(f"{nm} = I64({_offset(cs, self.kep, t)})")
+            g("rs = ld1_f32(rp, mb)")
+            if self.norm:
+                g("mu = ld1_f32(mp, mb)")
+            if smode == "row":
+                g(f"scr = ld1_{stag}(sp, sb)")
+            for s in sums:
+                g(f"{s} = F32(0.0)")
+            held = []
+            for e, (okc, o) in enumerate(slots):
+                ok = self._ok(g, "rv" if ragged else "True", okc)
+                xs = self._ld(g, TAG[b.x_dtype], "xp", f"xb + {o['x']}", ok)
+                dys = self._ld(g, TAG[b.dy_dtype], "gp", f"ob + {o['out']}", ok)
+                xh = [g.new("xh") for _ in range(V)]
+                for j in range(V):
+                    g(f"{xh[j]} = ({xs[j]} - mu) * rs" if self.norm else f"{xh[j]} = {xs[j]} * rs")
+                for i, (q, _) in enumerate(lane_q):
+                    for j in range(V):
+                        g(f"a{i}_{e}_{j} = a{i}_{e}_{j} + {dys[j]} * {xh[j]}" if q == "dyx"
+                          else f"a{i}_{e}_{j} = a{i}_{e}_{j} + {dys[j]}")
+                if smode == "lane" and sc is not None:
+                    gs = [g.new("g") for _ in range(V)]
+                    for j in range(V):
+                        g(f"{gs[j]} = {dys[j]} * {sc[e][j]}")
+                elif smode in ("lane", "mixed"):  # lane: reloaded per row (L1 hits), saving registers
+                    sv = self._seq(g, stag, "sp", f"sb + {o['scale']}", inner.scale, self.rp.scale_vec)
+                    gs = [g.new("g") for _ in range(V)]
+                    for j in range(V):
+                        g(f"{gs[j]} = {dys[j]} * {sv[j]}")
+                else:
+                    gs = dys
+                for j in range(V):
+                    if by_dy:
+                        if "s_dy" in sums:
+                            g(f"s_dy = s_dy + {dys[j]}")
+                        g(f"s_dyx = s_dyx + {dys[j]} * {xh[j]}")
+                    else:
+                        if self.norm:
+                            g(f"s_g = s_g + {gs[j]}")
+                        g(f"s_gx = s_gx + {gs[j]} * {xh[j]}")
+                        for q in row_q:
+                            g(f"s_{q} = s_{q} + {dys[j]} * {xh[j]}" if q == "dyx" else f"s_{q} = s_{q} + {dys[j]}")
+                held.append((ok, o, xh, gs))
+            self._lane_sums(g, sums, RPC, TPR)
+            n = float(b.reduced)
+            if by_dy:
+                f = "scr * " if smode == "row" else ""
+                if self.norm:
+                    g(f"mg_ = {f}s_dy / F32({n!r})")
+                g(f"mgx_ = {f}s_dyx / F32({n!r})")
+            else:
+                if self.norm:
+                    g(f"mg_ = s_g / F32({n!r})")
+                g(f"mgx_ = s_gx / F32({n!r})")
+            xt = TAG[b.x_dtype]
+            for ok, o, xh, gs in held:
+                ds = [g.new("dx") for _ in range(V)]
+                for j in range(V):
+                    gj = f"scr * {gs[j]}" if smode == "row" else gs[j]
+                    if self.norm:
+                        g(f"{ds[j]} = rs * ({gj} - mg_ - {xh[j]} * mgx_)")
+                    else:
+                        g(f"{ds[j]} = rs * ({gj} - {xh[j]} * mgx_)")
+                v = ds[0] if V == 1 else f"({', '.join(ds)},)"
+                if ok == "True":
+                    g(f"st{V}_{xt}(dp, ob + {o['out']}, {v})")
+                else:
+                    g(f"stm{V}_{xt}(dp, ob + {o['out']}, {v}, {ok})")
+            if row_q:
+                g("wok = rv and lane == 0" if ragged else "wok = lane == 0")
+                for i, q in enumerate(row_q):
+                    g(f"stm1_f32(wp, {fz.row_ws_offset} + mb * {fz.row_nq} + {i}, s_{q}, wok)")
+        # the CTA's parameter partials, one per (output, parameter element)
+        W = fz.ws_offset
+        for i, (q, t) in enumerate(lane_q):
+            base = f"{W + i * G * P} + bid * {P}"
+            if RPC == 1:
+                for e, (okc, o) in enumerate(slots):
+                    for j in range(V):
+                        k = f"{o[t]} + {j * inner.stride(t)}" if j else o[t]
+                        if okc == "True":
+                            g(f"st1_f32(wp, {base} + {k}, a{i}_{e}_{j})")
+                        else:
+                            g(f"stm1_f32(wp, {base} + {k}, a{i}_{e}_{j}, {okc})")
+                continue
+            if i == 0:
+                self.smem(g, "sP", RPC * P)
+            else:
+                g("cuda.syncthreads()")
+            for e, (okc, o) in enumerate(slots):
+                with g.block("if True:" if okc == "True" else f"if {okc}:"):
+                    for j in range(V):
+                        k = f"{o[t]} + {j * inner.stride(t)}" if j else o[t]
+                        g(f"sP[rloc * {P} + {k}] = a{i}_{e}_{j}")
+            g("cuda.syncthreads()")
+            with g.block(f"for kk in range(tid, {P}, {fz.threads}):"):
+                g("tp = sP[kk]")
+                with g.block(f"for r in range(1, {RPC}):"):
+                    g(f"tp = tp + sP[r * {P} + kk]")
+                g(f"st1_f32(wp, {base} + kk, tp)")
+        return KernelSource("normc_bwd_fused", g.text(), G, fz.threads, self.shared, self.ptypes())
+
+    def lane_finish(self):
+        """Adds the per-CTA partials of each lane-route output in CTA order: 32 parameter elements per CTA,
+        8 warps striding over the partials, combined in warp order."""
+        b, fz = self.bp, self.fz
+        G, P = fz.grid, fz.lane_params
+        g = _Src()
+        self.shared = 0
+        self.prologue(g, "normc_bwd_fparam_finish")
+        g("cx = tid % 32")
+        g("ty = tid // 32")
+        g("k = bid * 32 + cx")
+        g(f"kc = min(k, {P - 1})")
+        for i, o in enumerate(fz.lane_outputs):
+            self.smem(g, f"sF{i}", 256)
+            g(f"t{i} = F32(0.0)")
+            with g.block(f"for s in range(ty, {G}, 8):"):
+                g(f"t{i} = t{i} + ld1_f32(wp, {fz.ws_offset + i * G * P} + s * {P} + kc)")
+            g(f"sF{i}[tid] = t{i}")
+        g("cuda.syncthreads()")
+        with g.block(f"if ty == 0 and k < {P}:"):
+            for i, o in enumerate(fz.lane_outputs):
+                g(f"u{i} = sF{i}[cx]")
+                with g.block("for w in range(1, 8):"):
+                    g(f"u{i} = u{i} + sF{i}[w * 32 + cx]")
+                g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, k, u{i})")
+        return KernelSource("normc_bwd_fparam_finish", g.text(), -(-P // 32), 256, self.shared, self.ptypes())
+
+    def row_finish(self, outs):
+        """Adds the per-row sums of the row-route outputs ``outs`` (same parameter layout): one thread per
+        parameter element, rows in the order of the axes the parameter is broadcast along."""
+        b, fz = self.bp, self.fz
+        t = _PTENSOR[outs[0]]
+        K = sorted((a for a in self.kep if a.stride(t) != 0), key=lambda a: -a.stride(t))
+        S = [a for a in self.kep if a.stride(t) == 0]
+        NP = 1
+        for a in K:
+            NP *= a.size
+        NS = 1
+        for a in S:
+            NS *= a.size
+        g = _Src()
+        self.shared = 0
+        self.prologue(g, "normc_bwd_frow_finish")
+        g("k = bid * 256 + tid")
+        g(f"kc = min(k, {NP - 1})")
+        kc = _coords(g, "kc", K, "p")
+        g(f"base = I64({_offset(kc, K, 'stat')})")
+        idx = {o: fz.row_outputs.index(o) for o in outs}
+        for o in outs:
+            g(f"t_{o} = F32(0.0)")
+        with g.block(f"for j in range({NS}):"):
+            sc = _coords(g, "j", S, "q")
+            g(f"so = base + {_offset(sc, S, 'stat')}")
+            for o in outs:
+                g(f"t_{o} = t_{o} + ld1_f32(wp, {fz.row_ws_offset} + so * {fz.row_nq} + {idx[o]})")
+        with g.block(f"if k < {NP}:"):
+            for o in outs:
+                g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, k, t_{o})")
+        return KernelSource("normc_bwd_frow_finish", g.text(), -(-NP // 256), 256, 0, self.ptypes())
+
+    def row_groups(self):
+        groups = []
+        for o in self.fz.row_outputs:
+            t = _PTENSOR[o]
+            for grp in groups:
+                t0 = _PTENSOR[grp[0]]
+                if all(a.stride(t) == a.stride(t0) for a in self.kep):
+                    grp.append(o)
+                    break
+            else:
+                groups.append([o])
+        return groups
+
+    def kernels(self):
+        out = [self.fused_kernel()]
+        if self.fz.lane_outputs:
+            out.append(self.lane_finish())
+        for grp in self.row_groups():
+            out.append(self.row_finish(grp))
+        return out
+
+
+def generate_backward(bplan) -> list:
+    """Python sources of the backward kernels of a :class:`normc.backward_plan.BackwardPlan`, in launch
+    order: the dx kernel(s) (1, or 2 when split), then for each parameter reduction 1 kernel (2 when split).
+    Every kernel takes the nine pointers of this module's docstring."""
+    out = []
+    reds = tuple(bplan.params)
+    if getattr(bplan, "fused", None) is not None:
+        out += _Fused(bplan).kernels()
+    else:
+        reds = (bplan.dx,) + reds
+    for rp in reds:
+        out += _Red(bplan, rp).kernels()
+    return out
+
+
+def kernel_count(bplan) -> int:
+    """Number of kernels :func:`generate_backward` emits (without generating them)."""
+    fz = getattr(bplan, "fused", None)
+    n = sum(2 if r.splits > 1 else 1 for r in tuple(bplan.params) + (() if fz else (bplan.dx,)))
+    if fz is not None:
+        n += 1 + (1 if fz.lane_outputs else 0) + len(_Fused(bplan).row_groups())
+    return n
+
+
+__all__ = ["generate_backward", "kernel_count", "BPARAMS"]

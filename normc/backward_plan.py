@@ -1,0 +1,456 @@
+"""Planning the backward pass: canonical problem -> the reductions the gradient kernels run, as plain data.
+
+With ``xhat = (x - mean) * rstd`` (rms: ``x * rstd``), ``y = xhat * scale + shift`` and ``g = dy * scale``:
+
+* **dx** needs two sums per kept index (row) over the spec's reduced axes R, ``sum_R(g)`` and
+  ``sum_R(g * xhat)`` (rms: the second only), then an elementwise pass
+  ``dx = rstd * (g - mean_R(g) - xhat * mean_R(g * xhat))``. This is a reduction with the *forward's*
+  roles: kept axes index the rows, reduced axes are summed.
+* **dscale / dshift** are ``sum(dy * xhat)`` / ``sum(dy)`` over every axis along which the parameter is
+  broadcast (its stride is 0). This is a reduction with *other* roles: the parameter's own axes are kept,
+  everything else is summed, whether it was kept or reduced in the forward (layer norm: summed over the
+  rows, an outer reduction; instance norm: over n and the spatial axes; group norm: over n and h w, with
+  ``(g k)`` kept).
+
+Each reduction is re-canonicalized for its roles (:func:`normc.canonical.canonicalize`) and tiled like the
+forward planner tiles (:mod:`normc.planner`): ``inner`` (innermost axis summed: ``tpr`` lanes along it) or
+``outer`` (innermost axis kept: lanes along the contiguous columns, rows over y-threads and a loop), and
+split over ``splits`` CTAs when there are too few rows or column tiles to fill the GPU. A split reduction
+writes float32 partial sums per (split, kept index) to a workspace and a second kernel adds them in split
+order, so every result is deterministic (no atomics; the same inputs give the same bits).
+
+A tall layer norm such as ``(1, 1048576, 128)`` has one 128-column tile for dscale/dshift; the rows are
+split over ``SPLIT_CTAS_PER_SM * sms`` CTAs (528 on 132 SMs), not over a few SMs.
+
+**Fused path.** When dx is an inner reduction whose rows fit in registers (``FUSED_MAX_VALUES`` elements per
+thread, up to 512 lanes), :class:`FusedPlan` replaces the dx reduction's kernels: one persistent kernel reads
+x and dy once, writes dx, and produces the parameter gradients that vary only along the row (per-CTA
+partials: layer/RMS norm) or only across rows (per-row sums: NCHW instance norm); the remaining parameter
+reductions (e.g. group norm's ``scale g k``) keep the general path. ``schedule="looped"`` or ``"split"``
+disables it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+from .canonical import Axis, canonicalize
+from .planner import (CTA_THREADS, DEFAULT_SMS, ITEMSIZE, LOOP_UNROLL, MAX_PERSISTENT_THREADS,
+                      MAX_VECTOR_BYTES, SPLIT_CTAS_PER_SM, pick_vec)
+
+__all__ = ["ReducePlan", "FusedPlan", "BackwardPlan", "make_backward_plan"]
+
+# Up to this many splits are forced by ``schedule="split"`` (tests: covers the partial/finish kernels on tiny
+# inputs).
+FORCED_SPLITS = 2
+# Fused dx kernel: at most this many elements of a row per thread (x and dy are held as xhat and g, plus two
+# parameter partials per element: 4 x 16 float32 registers of data, which leaves room for addressing under the
+# 128 registers a 512-thread CTA allows).
+FUSED_MAX_VALUES = 16
+# Fused dx kernel: threads per SM the grid aims for (CTAs per SM = this / threads: 2 x 256 or 1 x 512, what
+# fits at up to 128 registers per thread), each CTA looping over many rows; halved (down to 1 CTA per SM)
+# while the parameter partials would exceed 1/FUSED_PARTIAL_FRACTION of the kernel's own traffic.
+FUSED_THREADS_PER_SM = 512
+FUSED_PARTIAL_FRACTION = 16
+
+
+@dataclass(frozen=True)
+class ReducePlan:
+    """One reduction of the backward pass and its tiling.
+
+    Attributes:
+        role: ``"dx"`` (row sums then dx) or ``"param"`` (dscale and/or dshift).
+        outputs: for ``param``: the gradients it produces, a subset of ``("dscale", "dshift")`` in that order.
+        strategy: ``"inner"`` (innermost axis summed) or ``"outer"`` (innermost axis kept).
+        axes: canonical axes for this reduction's roles (``reduced`` = summed), outermost-first.
+        key: the tensor whose element offset numbers the kept indices (``"stat"`` for dx; ``"scale"`` or
+            ``"shift"`` for parameters): dense, in ``[0, keys)``.
+        keys: number of kept indices; reduced: elements summed per kept index.
+        nq: float32 sums per kept index (dx: 2 for norm, 1 for rms; param: one per output).
+        vec: elements per vector access of x, dy and dx along the innermost axis.
+        scale_vec, stat_vec: whether scale / mean-rstd are read ``vec``-wide along the innermost axis.
+        threads: threads per CTA. tpr, rows_per_cta: inner tiling. nxc, ry, tile: outer tiling (x-threads
+            along columns, y-threads along rows, columns per CTA).
+        splits: CTAs per kept index (inner) or per column tile (outer); > 1 adds a second kernel.
+        grid: CTAs of the (first) kernel.
+        ws_offset: float32 offset of this reduction's partials (``splits * keys * nq`` floats) in the
+            workspace; only used when ``splits > 1``.
+    """
+
+    role: str
+    outputs: tuple
+    strategy: str
+    axes: tuple
+    key: str
+    keys: int
+    reduced: int
+    nq: int
+    vec: int
+    scale_vec: bool
+    stat_vec: bool
+    threads: int
+    tpr: int
+    rows_per_cta: int
+    nxc: int
+    ry: int
+    tile: int
+    splits: int
+    grid: int
+    ws_offset: int
+
+    @property
+    def workspace_floats(self) -> int:
+        """float32 elements of partial sums this reduction needs (0 when not split)."""
+        return self.splits * self.keys * self.nq if self.splits > 1 else 0
+
+    def describe(self) -> str:
+        ax = " ".join(f"[{a.size}{'S' if a.reduced else 'K'} x:{a.x}]" for a in self.axes)
+        what = "dx" if self.role == "dx" else "+".join(self.outputs)
+        if self.strategy == "inner":
+            til = f"vec={self.vec} threads/row={self.tpr} rows/CTA={self.rows_per_cta}"
+        else:
+            til = f"vec={self.vec} column tile={self.tile} (x-threads={self.nxc}, y-threads={self.ry})"
+        nk = 2 if self.splits > 1 else 1
+        return (f"{what}: {self.strategy}, {self.keys} sums x {self.reduced} elements, axes {ax} "
+                f"(S summed, K kept); {til} splits={self.splits}; {nk} kernel(s), grid={self.grid} "
+                f"block={self.threads}")
+
+
+@dataclass(frozen=True)
+class FusedPlan:
+    """The fused dx kernel of an inner reduction whose rows fit in registers (x and dy read once).
+
+    CTA ``b`` loops over the groups of ``rows_per_cta`` rows ``[b*groups//grid, (b+1)*groups//grid)`` (at most
+    ``groups_per_cta``); ``tpr`` lanes hold a
+    row's ``per`` vectors of ``vec`` elements each (as xhat and g), the row sums are combined across the
+    lanes, dx is written, and the parameter gradients are accumulated on the way:
+
+    * ``lane_outputs`` (the parameter varies along every summed axis and no kept axis: layer/RMS norm): each
+      thread keeps float32 sums of ``dy*xhat`` / ``dy`` per element it holds, in registers across the CTA's
+      rows; the CTA writes one partial per (output, CTA, parameter element) (``lane_params`` elements) at
+      ``ws_offset`` and ``normc_bwd_fparam_finish`` adds the ``grid`` partials in CTA order.
+    * ``row_outputs`` (the parameter is constant along the row: NCHW instance norm): each row writes its
+      sums of ``dy*xhat`` / ``dy`` (``row_nq`` floats per row, at ``row_ws_offset + row*row_nq``) and
+      ``normc_bwd_frow_finish`` adds the rows of each parameter element in a fixed order.
+
+    Attributes:
+        tpr, per, vec, threads, rows_per_cta: tiling (lanes per row, vectors per lane, elements per vector,
+            threads per CTA, rows per CTA at a time).
+        groups: row groups (``ceil(keys / rows_per_cta)``); groups_per_cta: most consecutive groups of a CTA.
+        grid: CTAs of the fused kernel.
+        scale_mode: ``"none"``, ``"lane"`` (varies along the summed axes only: loaded once per CTA),
+            ``"row"`` (one value per row) or ``"mixed"`` (loaded per element of every row).
+        lane_outputs, row_outputs: the parameter gradients produced through each route.
+        lane_params: parameter elements of the lane route (= elements per row).
+        ws_offset, row_ws_offset, row_nq: workspace layout (float32 offsets).
+        keys: rows (the forward's kept indices).
+    """
+
+    tpr: int
+    per: int
+    vec: int
+    threads: int
+    rows_per_cta: int
+    groups: int
+    groups_per_cta: int
+    grid: int
+    scale_mode: str
+    lane_outputs: tuple
+    row_outputs: tuple
+    lane_params: int
+    ws_offset: int
+    row_ws_offset: int
+    row_nq: int
+    keys: int
+
+    @property
+    def workspace_floats(self) -> int:
+        """float32 elements of partial sums: per-CTA parameter partials, then per-row sums."""
+        return len(self.lane_outputs) * self.grid * self.lane_params + self.keys * self.row_nq
+
+    def describe(self) -> str:
+        parts = [f"fused dx: {self.tpr} lanes x {self.per} vectors x {self.vec} per row (x, dy read once), "
+                 f"{self.rows_per_cta} rows/CTA at a time, {self.groups_per_cta} row groups per CTA, grid={self.grid} "
+                 f"block={self.threads}, scale {self.scale_mode}"]
+        if self.lane_outputs:
+            parts.append(f"{'+'.join(self.lane_outputs)} from per-CTA partials ({self.grid} x {self.lane_params}), "
+                         f"added in CTA order by normc_bwd_fparam_finish")
+        if self.row_outputs:
+            parts.append(f"{'+'.join(self.row_outputs)} from per-row sums, added by normc_bwd_frow_finish")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    """Everything the backward kernels need: the dx reduction and the parameter reductions.
+
+    Attributes:
+        stat, eps: as the forward (``"norm"`` or ``"rms"``).
+        x_dtype, dy_dtype: dtypes of x and dy (dx has x's dtype).
+        scale_dtype: dtype of the scale read to form ``g = dy * scale``; ``None`` when the spec has no scale.
+        dscale_dtype, dshift_dtype: dtypes of the gradients written (``None`` when not produced).
+        dx: the :class:`ReducePlan` of dx.
+        params: the parameter :class:`ReducePlan` s (0, 1 or 2).
+        kept, reduced: the forward's number of rows and elements per row.
+        arch, sms: target and multiprocessor count the grids were sized for.
+        fused: the :class:`FusedPlan` when dx runs as the fused register kernel (``dx`` then only describes
+            the row reduction; ``params`` holds the parameter reductions it does not produce), else ``None``.
+        why: reasons, one line each.
+    """
+
+    stat: str
+    eps: float
+    x_dtype: str
+    dy_dtype: str
+    scale_dtype: str | None
+    dscale_dtype: str | None
+    dshift_dtype: str | None
+    dx: ReducePlan
+    params: tuple
+    kept: int
+    reduced: int
+    arch: str
+    sms: int
+    fused: FusedPlan | None = None
+    why: tuple = field(default=(), compare=False)
+
+    @property
+    def workspace_floats(self) -> int:
+        """float32 scratch elements one backward call needs (0: no workspace)."""
+        fz = self.fused.workspace_floats if self.fused is not None else 0
+        return fz + sum(r.workspace_floats for r in ((() if self.fused else (self.dx,)) + self.params))
+
+    def to_dict(self) -> dict:
+        """Plain-data (JSON-serializable) form; keys the kernel cache."""
+        d = asdict(self)
+        d["why"] = list(self.why)
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    def describe(self) -> str:
+        """Multi-line summary: each reduction's strategy, tiling and launch, then why."""
+        lines = [f"backward: {self.kept} rows x {self.reduced} elements, x {self.x_dtype}, dy {self.dy_dtype}, "
+                 f"stat={self.stat}, workspace={self.workspace_floats} floats"]
+        if self.fused is not None:
+            lines.append(self.fused.describe())
+            lines += [r.describe() for r in self.params]
+        else:
+            lines += [r.describe() for r in (self.dx,) + self.params]
+        lines += [f"why:      {w}" for w in self.why]
+        return "\n".join(lines)
+
+    __str__ = describe
+
+
+def _pow2_ceil(n):
+    return 1 << max(n - 1, 0).bit_length()
+
+
+def _param_axes(axes, which):
+    """Canonical axes of the reduction of parameter ``which``: kept where its stride is not 0."""
+    recs = [Axis(a.size, a.stride(which) == 0, a.x, a.out, a.scale, a.shift, a.stat) for a in axes if a.size > 1]
+    out = canonicalize(recs)
+    if not any(a.reduced for a in out):
+        out = out + (Axis(1, True, 0, 0, 0, 0, 0),)
+    return out
+
+
+def _vec_ok(axes, tensor, vec, itemsize, align):
+    """Whether ``tensor`` (scale or stat) can be read ``vec``-wide along the innermost axis."""
+    inner = axes[-1]
+    return (vec > 1 and inner.stride(tensor) == 1 and vec * itemsize <= MAX_VECTOR_BYTES
+            and align % (vec * itemsize) == 0 and all(a.stride(tensor) % vec == 0 for a in axes[:-1]))
+
+
+def _reduce_plan(role, outputs, axes, key, nq, dbytes, aligns, scale_info, sms, forced, why):
+    inner = axes[-1]
+    keys = math.prod(a.size for a in axes if not a.reduced)
+    reduced = math.prod(a.size for a in axes if a.reduced)
+    unit = inner.x == 1 and inner.out == 1
+    vec = pick_vec(axes, inner.size, dbytes, aligns, tensors=("x", "out")) if unit else 1
+    scale_vec = scale_info is not None and _vec_ok(axes, "scale", vec, scale_info[0], scale_info[1])
+    stat_vec = _vec_ok(axes, "stat", vec, 4, 16)
+    name = "dx" if role == "dx" else "+".join(outputs)
+    if inner.reduced:
+        nc = reduced // vec
+        tpr = max(1, min(MAX_PERSISTENT_THREADS, _pow2_ceil(nc)))
+        splits = 1
+        if keys < sms and nc > tpr * LOOP_UNROLL:
+            splits = max(1, min(-(-SPLIT_CTAS_PER_SM * sms // keys), nc // (tpr * LOOP_UNROLL)))
+        if forced:
+            splits = FORCED_SPLITS
+        if splits > 1:
+            rpc, threads, grid = 1, tpr, keys * splits
+            why.append(f"{name}: {keys} sums of {reduced} (< {sms} SMs): each split over {splits} CTAs, "
+                       f"float32 partials added in split order by a second kernel")
+        else:
+            rpc = CTA_THREADS // tpr if tpr < CTA_THREADS else 1
+            threads = max(tpr, CTA_THREADS)
+            grid = -(-keys // rpc)
+            why.append(f"{name}: innermost axis summed: {tpr} lanes per sum, {rpc} sums per CTA")
+        return ReducePlan(role, outputs, "inner", axes, key, keys, reduced, nq, vec, scale_vec, stat_vec,
+                          threads, tpr, rpc, 0, 0, 0, splits, grid, 0)
+    cb = inner.size
+    nxc = min(cb // vec, 32)
+    threads = CTA_THREADS
+    ry = threads // nxc
+    tile = nxc * vec
+    base = (keys // cb) * -(-cb // tile)
+    splits = 1
+    if base < sms:
+        splits = max(1, min(-(-SPLIT_CTAS_PER_SM * sms // base), reduced // (ry * LOOP_UNROLL)))
+    if forced:
+        splits = FORCED_SPLITS
+    if splits > 1:
+        why.append(f"{name}: innermost axis kept: lanes along {cb} columns; only {base} column tiles: rows "
+                   f"split over {splits} CTAs each ({base * splits} CTAs), float32 partials added in split "
+                   f"order by a second kernel")
+    else:
+        why.append(f"{name}: innermost axis kept: lanes along {cb} columns, {base} column tiles, rows over "
+                   f"{ry} y-threads")
+    return ReducePlan(role, outputs, "outer", axes, key, keys, reduced, nq, vec, scale_vec, stat_vec,
+                      threads, 0, 0, nxc, ry, tile, splits, base * splits, 0)
+
+
+def _route(axes, tensor):
+    """How the fused kernel produces the gradient of parameter ``tensor``: ``"lane"`` (it varies along every
+    summed axis and no kept axis), ``"row"`` (constant along each row), or ``None`` (general path)."""
+    red = [a for a in axes if a.reduced and a.size > 1]
+    kep = [a for a in axes if not a.reduced and a.size > 1]
+    if all(a.stride(tensor) == 0 for a in kep) and all(a.stride(tensor) != 0 for a in red):
+        return "lane"
+    if all(a.stride(tensor) == 0 for a in red) and _dense_kept(kep, tensor):
+        return "row"
+    return None
+
+
+def _dense_kept(kep, tensor):
+    """Whether the parameter's offsets over its kept axes are a dense mixed radix (the row-finish kernel
+    decomposes a parameter index that way)."""
+    ax = sorted((a for a in kep if a.stride(tensor) != 0), key=lambda a: -a.stride(tensor))
+    want = 1
+    for a in reversed(ax):
+        if a.stride(tensor) != want:
+            return False
+        want *= a.size
+    return True
+
+
+def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why):
+    """The :class:`FusedPlan` for dx (inner strategy) when a row fits in registers, else ``None``."""
+    if dx.strategy != "inner":
+        return None, want
+    V = dx.vec
+    nc = p.reduced // V
+    tpr = 1
+    while tpr < MAX_PERSISTENT_THREADS and -(-nc // tpr) * V > FUSED_MAX_VALUES:
+        tpr *= 2
+    # few rows: more lanes per row (fewer rows per CTA) until the row groups cover the SMs
+    while tpr < MAX_PERSISTENT_THREADS and tpr < nc and -(-dx.keys * tpr // max(tpr, CTA_THREADS)) < sms:
+        tpr *= 2
+    per = -(-nc // tpr)
+    if per * V > FUSED_MAX_VALUES:
+        why.append(f"dx: row of {p.reduced} exceeds {MAX_PERSISTENT_THREADS} threads x {FUSED_MAX_VALUES} values: "
+                   "general (two-pass) path")
+        return None, want
+    threads = max(tpr, CTA_THREADS)
+    rpc = threads // tpr
+    keys = dx.keys
+    groups = -(-keys // rpc)
+    routes = {o: _route(p.axes, t) for o, t in want}
+    lane = tuple(o for o, _ in want if routes[o] == "lane")
+    row = tuple(o for o, _ in want if routes[o] == "row")
+    rest = [(o, t) for o, t in want if routes[o] is None]
+    cps = max(1, FUSED_THREADS_PER_SM // threads)
+    traffic = p.kept * p.reduced * (2 * dbytes["x"] + dbytes["out"])
+    while cps > 1 and len(lane) * cps * sms * p.reduced * 4 * FUSED_PARTIAL_FRACTION > traffic:
+        cps //= 2
+    grid = min(groups, cps * sms)
+    gpc = -(-groups // grid)
+    red = [a for a in p.axes if a.reduced]
+    kep = [a for a in p.axes if not a.reduced]
+    if p.scale_dtype is None:
+        smode = "none"
+    elif all(a.scale == 0 for a in kep):
+        smode = "lane"
+    elif all(a.scale == 0 for a in red):
+        smode = "row"
+    else:
+        smode = "mixed"
+    nlane = len(lane) * grid * p.reduced
+    fz = FusedPlan(tpr=tpr, per=per, vec=V, threads=threads, rows_per_cta=rpc, groups=groups, groups_per_cta=gpc,
+                   grid=grid, scale_mode=smode, lane_outputs=lane, row_outputs=row, lane_params=p.reduced,
+                   ws_offset=ws_offset, row_ws_offset=ws_offset + nlane, row_nq=len(row), keys=keys)
+    why.append(f"dx fused: row of {p.reduced} held in registers ({tpr} lanes x {per} x {V}); x and dy read once, "
+               f"{grid} CTAs x {gpc} groups of {rpc} rows"
+               + (f"; {'+'.join(lane)} from per-CTA partials" if lane else "")
+               + (f"; {'+'.join(row)} from per-row sums" if row else ""))
+    return fz, rest
+
+
+def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True, need_dshift=True,
+                       dshift_dtype=None, arch="sm_90", sms=DEFAULT_SMS, schedule=None) -> BackwardPlan:
+    """Plan the gradient kernels of a forward :class:`normc.problem.Problem`.
+
+    Args:
+        problem: the forward problem, made with dx's strides as its ``out`` strides (dy must be laid out
+            like dx) and x's dtype as ``out_dtype`` (dx has x's dtype).
+        dy_dtype: dy's dtype (default: x's); dy_align: byte alignment of dy's base pointer.
+        need_dscale, need_dshift: whether to produce them (ignored when the spec has no such step).
+        dshift_dtype: dtype of dshift (default: the problem's shift dtype).
+        arch, sms: target and multiprocessor count used to size the grids.
+        schedule: ``"split"`` forces 2 splits in every reduction (tests); ``"looped"`` keeps the general (unfused)
+            kernels; other values are ignored.
+
+    Returns:
+        :class:`BackwardPlan`.
+    """
+    p = problem
+    dy_dtype = dy_dtype or p.x_dtype
+    why = []
+    al = p.align
+    isz = max(ITEMSIZE[dy_dtype], ITEMSIZE[p.x_dtype])
+    dbytes = {"x": ITEMSIZE[p.x_dtype], "out": isz}
+    aligns = {"x": al["x"], "out": min(al["out"], dy_align)}
+    scale_info = None if p.scale_dtype is None else (ITEMSIZE[p.scale_dtype], al["scale"])
+    forced = schedule == "split"
+    nq = 2 if p.stat == "norm" else 1
+    dx_why = []
+    dx = _reduce_plan("dx", (), p.axes, "stat", nq, dbytes, aligns, scale_info, sms, forced, dx_why)
+    want = []
+    if need_dscale and p.scale_dtype is not None:
+        want.append(("dscale", "scale"))
+    if need_dshift and p.shift_dtype is not None:
+        want.append(("dshift", "shift"))
+    fused = None
+    if schedule not in ("split", "looped"):
+        fused, want = _fused_plan(p, dx, want, dbytes, sms, 0, why)
+    if fused is None:
+        why[:0] = dx_why
+    groups = []
+    if len(want) == 2 and all(a.scale == a.shift for a in p.axes):
+        groups.append((("dscale", "dshift"), "scale"))
+    else:
+        groups += [((o,), t) for o, t in want]
+    params = []
+    off = fused.workspace_floats if fused is not None else dx.workspace_floats
+    for outs, key in groups:
+        axes = _param_axes(p.axes, key)
+        rp = _reduce_plan("param", outs, axes, key, len(outs), dbytes, aligns, None, sms, forced, why)
+        rp = ReducePlan(**{**{f: getattr(rp, f) for f in rp.__dataclass_fields__}, "ws_offset": off})
+        off += rp.workspace_floats
+        params.append(rp)
+    produced = {o for r in params for o in r.outputs}
+    if fused is not None:
+        produced |= set(fused.lane_outputs + fused.row_outputs)
+    return BackwardPlan(
+        stat=p.stat, eps=p.eps, x_dtype=p.x_dtype, dy_dtype=dy_dtype, scale_dtype=p.scale_dtype,
+        dscale_dtype=p.scale_dtype if "dscale" in produced else None,
+        dshift_dtype=(dshift_dtype or p.shift_dtype) if "dshift" in produced else None,
+        dx=dx, params=tuple(params), kept=p.kept, reduced=p.reduced, arch=arch, sms=sms, fused=fused,
+        why=tuple(why),
+    )

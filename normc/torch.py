@@ -1,0 +1,406 @@
+"""PyTorch integration: normc's forward and backward kernels as torch custom ops, an autograd Function and
+drop-in ``torch.nn`` modules.
+
+* ``torch.ops.normc.norm(x, weight, bias, spec, eps, sizes) -> (y, mean, rstd)`` and
+  ``torch.ops.normc.norm_backward(dy, x, mean, rstd, weight, spec, eps, sizes, need_dweight, need_dbias)
+  -> (dx, dweight, dbias)`` are registered with ``torch.library.custom_op`` (with fake implementations), and
+  the first has the second as its autograd formula: ``torch.compile`` keeps them as single graph nodes
+  instead of breaking the graph, and they launch on the current stream without synchronizing, so they can
+  be captured in a CUDA graph (run one eager call per shape first: the first call of a shape compiles).
+* :func:`normalize` is the functional form; :class:`NormFunction` the same as a ``torch.autograd.Function``.
+* :class:`LayerNorm`, :class:`RMSNorm`, :class:`GroupNorm`, :class:`InstanceNorm1d`/``2d``/``3d`` and
+  :class:`BatchNorm1d`/``2d``/``3d`` subclass their ``torch.nn`` counterparts (same constructor arguments,
+  parameters, buffers and ``state_dict``) and only replace ``forward``. :func:`convert` swaps the matching
+  modules of an existing model in place.
+
+Where the kernels apply: CUDA tensors of float32, float16 or bfloat16 (parameters of any of the three).
+Anything else (CPU tensors, float64) runs a float64/float32 torch implementation of the same formulas
+(:func:`reference_forward`, :func:`reference_backward`); that is what ``torch.autograd.gradcheck`` in float64
+exercises (docs/backward.md). The ``mean`` and ``rstd`` outputs of the op are not differentiable.
+
+Modes normc does not accelerate are delegated to torch itself: batch norm and instance norm in eval mode
+with running statistics (an elementwise affine map, no reduction).
+"""
+
+import functools
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+import normc
+from normc.canonical import dense_like
+from normc.spec import Spec
+
+__all__ = [
+    "normalize", "NormFunction", "reference_forward", "reference_backward", "convert",
+    "LayerNorm", "RMSNorm", "GroupNorm", "InstanceNorm1d", "InstanceNorm2d", "InstanceNorm3d",
+    "BatchNorm1d", "BatchNorm2d", "BatchNorm3d",
+]
+
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _sizes_text(spec: Spec) -> str:
+    return ",".join(f"{k}={v}" for k, v in spec.sizes)
+
+
+@functools.lru_cache(maxsize=None)
+def _spec_of(text: str, eps: float, sizes: str) -> Spec:
+    kw = {k: int(v) for k, v in (item.split("=") for item in sizes.split(",") if item)}
+    return normc.spec(text, eps=eps, **kw)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(text: str, eps: float, sizes: str):
+    return normc.compile(_spec_of(text, eps, sizes))
+
+
+def _kernel_ok(x, *params):
+    return x.is_cuda and x.dtype in _KERNEL_DTYPES and all(p is None or p.dtype in _KERNEL_DTYPES for p in params)
+
+
+def _stat_shape(spec, shape):
+    sizes = spec.axis_sizes(tuple(shape))
+    return tuple(sizes[a] for a in spec.kept)
+
+
+def _like_x(x, t):
+    """``t`` (x's shape) copied into a tensor with x's memory order."""
+    out = torch.empty_strided(tuple(x.shape), dense_like(tuple(x.shape), x.stride()), dtype=x.dtype,
+                              device=x.device)
+    out.copy_(t)
+    return out
+
+
+def _full(spec, t):
+    sizes = spec.axis_sizes(tuple(t.shape))
+    return t.reshape([sizes[a] for a in spec.axes]), sizes
+
+
+def _param(spec, p, axes, sizes, dtype):
+    return p.to(dtype).reshape([sizes[a] if a in axes else 1 for a in spec.axes])
+
+
+def reference_forward(spec: Spec, x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None):
+    """``(y, mean, rstd)`` of ``spec`` computed with torch ops (float64 for float64 x, else float32).
+
+    Shapes as :class:`normc.runtime.Compiled` returns them; y keeps x's dtype and memory order.
+    """
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf, sizes = _full(spec, x.to(acc))
+    red = [i for i, a in enumerate(spec.axes) if a in spec.reduced]
+    if spec.stat == "norm":
+        mean = xf.mean(dim=red, keepdim=True)
+        rstd = torch.rsqrt(((xf - mean) ** 2).mean(dim=red, keepdim=True) + spec.eps)
+        y = (xf - mean) * rstd
+    else:
+        rstd = torch.rsqrt((xf * xf).mean(dim=red, keepdim=True) + spec.eps)
+        mean = torch.zeros_like(rstd)
+        y = xf * rstd
+    if spec.scale is not None:
+        y = y * _param(spec, weight, spec.scale, sizes, acc)
+    if spec.shift is not None:
+        y = y + _param(spec, bias, spec.shift, sizes, acc)
+    st = _stat_shape(spec, x.shape)
+    return _like_x(x, y.reshape(x.shape)), mean.reshape(st).contiguous(), rstd.reshape(st).contiguous()
+
+
+def reference_backward(spec: Spec, dy: Tensor, x: Tensor, mean: Tensor, rstd: Tensor,
+                       weight: Optional[Tensor] = None, param_dtype=None):
+    """``(dx, dweight, dbias)`` from the backward formulas of docs/backward.md, with torch ops.
+
+    dx has x's dtype and memory order; dweight/dbias are flat in spec axis order (``None`` without the step)
+    in ``param_dtype`` (default: weight's, else x's).
+    """
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    xf, sizes = _full(spec, x.to(acc))
+    gf, _ = _full(spec, dy.to(acc))
+    keep = [sizes[a] if a in spec.kept else 1 for a in spec.axes]
+    red = [i for i, a in enumerate(spec.axes) if a in spec.reduced]
+    rs = rstd.to(acc).reshape(keep)
+    xh = (xf - mean.to(acc).reshape(keep)) * rs if spec.stat == "norm" else xf * rs
+    g = gf * _param(spec, weight, spec.scale, sizes, acc) if spec.scale is not None else gf
+    c2 = (g * xh).mean(dim=red, keepdim=True)
+    if spec.stat == "norm":
+        dx = rs * (g - g.mean(dim=red, keepdim=True) - xh * c2)
+    else:
+        dx = rs * (g - xh * c2)
+    pdt = param_dtype or (weight.dtype if weight is not None else x.dtype)
+
+    def psum(v, axes):
+        if axes is None:
+            return None
+        dims = [i for i, a in enumerate(spec.axes) if a not in axes]
+        return (v.sum(dim=dims) if dims else v).reshape(-1).to(pdt)
+
+    return _like_x(x, dx.reshape(x.shape)), psum(gf * xh, spec.scale), psum(gf, spec.shift)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# custom ops
+
+
+@torch.library.custom_op("normc::norm", mutates_args=())
+def _norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], spec: str, eps: float,
+          sizes: str) -> tuple[Tensor, Tensor, Tensor]:
+    sp = _spec_of(spec, eps, sizes)
+    w = None if weight is None else weight.contiguous()
+    b = None if bias is None else bias.contiguous()
+    if _kernel_ok(x, w, b):
+        return _compiled(spec, eps, sizes)(x, w, b, return_stats=True)
+    return reference_forward(sp, x, w, b)
+
+
+@_norm.register_fake
+def _norm_fake(x, weight, bias, spec, eps, sizes):
+    sp = _spec_of(spec, eps, sizes)
+    st = _stat_shape(sp, x.shape)
+    sdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    y = torch.empty_strided(tuple(x.shape), dense_like(tuple(x.shape), x.stride()), dtype=x.dtype, device=x.device)
+    return y, x.new_empty(st, dtype=sdt), x.new_empty(st, dtype=sdt)
+
+
+@torch.library.custom_op("normc::norm_backward", mutates_args=())
+def _norm_backward(dy: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, weight: Optional[Tensor], spec: str,
+                   eps: float, sizes: str, need_dweight: bool, need_dbias: bool,
+                   bias_dtype: Optional[torch.dtype]) -> tuple[Tensor, Tensor, Tensor]:
+    sp = _spec_of(spec, eps, sizes)
+    w = None if weight is None else weight.contiguous()
+    if _kernel_ok(x, w) and dy.dtype in _KERNEL_DTYPES and mean.dtype == torch.float32:
+        dx, dw, db = _compiled(spec, eps, sizes).backward(dy, x, mean.contiguous(), rstd.contiguous(), w,
+                                                          need_dscale=need_dweight, need_dshift=need_dbias)
+    else:
+        dx, dw, db = reference_backward(sp, dy, x, mean, rstd, w)
+    dw = x.new_empty(0) if dw is None or not need_dweight else dw.reshape(-1)
+    db = x.new_empty(0) if db is None or not need_dbias else db.reshape(-1)
+    if bias_dtype is not None and db.numel():
+        db = db.to(bias_dtype)
+    return dx, dw, db
+
+
+@_norm_backward.register_fake
+def _norm_backward_fake(dy, x, mean, rstd, weight, spec, eps, sizes, need_dweight, need_dbias, bias_dtype):
+    sp = _spec_of(spec, eps, sizes)
+    sz = sp.axis_sizes(tuple(x.shape))
+    dx = torch.empty_strided(tuple(x.shape), dense_like(tuple(x.shape), x.stride()), dtype=x.dtype,
+                             device=x.device)
+    pdt = weight.dtype if weight is not None else x.dtype
+    dw = x.new_empty((math.prod(sz[a] for a in sp.scale),) if need_dweight and sp.scale else (0,), dtype=pdt)
+    db = x.new_empty((math.prod(sz[a] for a in sp.shift),) if need_dbias and sp.shift else (0,),
+                     dtype=bias_dtype or pdt)
+    return dx, dw, db
+
+
+def _setup_context(ctx, inputs, output):
+    x, weight, bias, spec, eps, sizes = inputs
+    _, mean, rstd = output
+    ctx.save_for_backward(x, weight, mean, rstd)
+    ctx.meta = (spec, eps, sizes, bias is not None, None if bias is None else bias.dtype,
+                None if bias is None else tuple(bias.shape), None if weight is None else tuple(weight.shape))
+
+
+def _autograd_backward(ctx, dy, dmean, drstd):
+    x, weight, mean, rstd = ctx.saved_tensors
+    spec, eps, sizes, has_bias, bias_dtype, bias_shape, w_shape = ctx.meta
+    need_w = weight is not None and ctx.needs_input_grad[1]
+    need_b = has_bias and ctx.needs_input_grad[2]
+    dx, dw, db = torch.ops.normc.norm_backward(dy, x, mean, rstd, weight, spec, eps, sizes, need_w, need_b,
+                                               bias_dtype)
+    return (dx, dw.reshape(w_shape) if need_w else None, db.reshape(bias_shape) if need_b else None,
+            None, None, None)
+
+
+_norm.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+def _spec_args(spec):
+    if isinstance(spec, str):
+        spec = normc.spec(spec)
+    return spec.text, float(spec.eps), _sizes_text(spec)
+
+
+def normalize(x: Tensor, spec, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+              return_stats: bool = False):
+    """Normalize ``x`` as ``spec`` says (differentiable in x, weight and bias).
+
+    Args:
+        x: tensor of the spec's logical shape; CUDA float32/float16/bfloat16 uses normc's kernels (any memory
+            order; y keeps it), anything else the torch reference.
+        spec: a :class:`normc.Spec` or its text.
+        weight, bias: the scale / shift, required exactly when the spec has the step (any shape holding the
+            product of their axes' extents, spec axis order).
+        return_stats: also return float32 ``mean`` and ``rstd`` (kept axes in spec order; not differentiable).
+
+    Returns:
+        ``y`` (x's shape, dtype and memory order), or ``(y, mean, rstd)``.
+
+    Raises:
+        normc.ArgumentError: shapes or dtypes do not fit the spec.
+    """
+    y, mean, rstd = torch.ops.normc.norm(x, weight, bias, *_spec_args(spec))
+    return (y, mean, rstd) if return_stats else y
+
+
+class NormFunction(torch.autograd.Function):
+    """``NormFunction.apply(x, weight, bias, spec)`` -> y: :func:`normalize` as an autograd Function (eager
+    only; :func:`normalize` and the modules use the custom ops, which ``torch.compile`` understands)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, spec):
+        args = _spec_args(spec)
+        y, mean, rstd = torch.ops.normc.norm(x, weight, bias, *args)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.args = args
+        ctx.bias = None if bias is None else (bias.dtype, tuple(bias.shape))
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        need_w = weight is not None and ctx.needs_input_grad[1]
+        need_b = ctx.bias is not None and ctx.needs_input_grad[2]
+        dx, dw, db = torch.ops.normc.norm_backward(dy, x, mean, rstd, weight, *ctx.args, need_w, need_b,
+                                                   None if ctx.bias is None else ctx.bias[0])
+        return (dx, dw.reshape(weight.shape) if need_w else None, db.reshape(ctx.bias[1]) if need_b else None,
+                None)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# modules
+
+
+def _channel_spec(kind, x, eps, affine, groups=None):
+    """Spec for an (n, c, *spatial) input: instance / group norm / batch statistics."""
+    spatial = tuple(f"s{i}" for i in range(x.dim() - 2))
+    par = ("c",) if affine else None
+    if kind == "instance":
+        return Spec((("n",), ("c",)) + tuple((a,) for a in spatial), "norm", spatial, par, par, eps)
+    if kind == "batch":
+        return Spec((("n",), ("c",)) + tuple((a,) for a in spatial), "norm", ("n",) + spatial, par, par, eps)
+    gpar = ("g", "k") if affine else None
+    return Spec((("n",), ("g", "k")) + tuple((a,) for a in spatial), "norm", ("k",) + spatial, gpar, gpar, eps,
+                (("g", groups),))
+
+
+class LayerNorm(nn.LayerNorm):
+    """``torch.nn.LayerNorm`` (same arguments and state) computed by normc."""
+
+    def forward(self, x):
+        sp = normc.layer_norm(x.dim(), len(self.normalized_shape), eps=self.eps,
+                              elementwise_affine=self.elementwise_affine, bias=self.bias is not None)
+        return normalize(x, sp, self.weight, self.bias)
+
+
+class RMSNorm(nn.RMSNorm):
+    """``torch.nn.RMSNorm`` (same arguments and state; ``eps=None`` means ``torch.finfo(x.dtype).eps``)."""
+
+    def forward(self, x):
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        sp = normc.rms_norm(x.dim(), len(self.normalized_shape), eps=eps,
+                            elementwise_affine=self.elementwise_affine)
+        return normalize(x, sp, self.weight)
+
+
+class GroupNorm(nn.GroupNorm):
+    """``torch.nn.GroupNorm`` (same arguments and state) computed by normc; channels-last stays channels-last."""
+
+    def forward(self, x):
+        sp = _channel_spec("group", x, self.eps, self.affine, self.num_groups)
+        return normalize(x, sp, self.weight, self.bias)
+
+
+class _InstanceMixin:
+    _spatial = 2
+
+    def forward(self, x):
+        if x.dim() == self._spatial + 1:  # unbatched (C, *spatial)
+            return self.forward(x.unsqueeze(0)).squeeze(0)
+        self._check_input_dim(x)
+        if self.track_running_stats and not self.training:
+            return super().forward(x)  # running statistics: an elementwise map, torch's own
+        sp = _channel_spec("instance", x, self.eps, self.affine)
+        y, mean, rstd = normalize(x, sp, self.weight, self.bias, return_stats=True)
+        if self.track_running_stats and self.training:
+            _update_running(self, mean.mean(0), _unbiased_var(rstd, self.eps, math.prod(x.shape[2:])).mean(0),
+                            count=False)
+        return y
+
+
+def _unbiased_var(rstd, eps, n):
+    var = (1.0 / (rstd.double() ** 2) - eps).clamp_min(0)
+    return (var * (n / max(n - 1, 1))).float()
+
+
+def _update_running(mod, mean, var, count=True):
+    """torch's running-statistics update. Batch norm (``count``): counts batches, ``momentum=None`` is a
+    cumulative average. Instance norm: no count, ``momentum=None`` means 0 (as ``F.instance_norm`` is called)."""
+    with torch.no_grad():
+        if count and mod.num_batches_tracked is not None:
+            mod.num_batches_tracked.add_(1)
+        m = mod.momentum
+        if m is None:
+            m = 1.0 / float(mod.num_batches_tracked) if count else 0.0
+        mod.running_mean.mul_(1 - m).add_(mean.to(mod.running_mean.dtype), alpha=m)
+        mod.running_var.mul_(1 - m).add_(var.to(mod.running_var.dtype), alpha=m)
+
+
+class InstanceNorm1d(_InstanceMixin, nn.InstanceNorm1d):
+    """``torch.nn.InstanceNorm1d`` (same arguments and state) computed by normc."""
+    _spatial = 1
+
+
+class InstanceNorm2d(_InstanceMixin, nn.InstanceNorm2d):
+    """``torch.nn.InstanceNorm2d`` (same arguments and state) computed by normc."""
+    _spatial = 2
+
+
+class InstanceNorm3d(_InstanceMixin, nn.InstanceNorm3d):
+    """``torch.nn.InstanceNorm3d`` (same arguments and state) computed by normc."""
+    _spatial = 3
+
+
+class _BatchMixin:
+    def forward(self, x):
+        self._check_input_dim(x)
+        use_batch = self.training or not self.track_running_stats
+        if not use_batch:
+            return super().forward(x)  # eval with running statistics: torch's elementwise map
+        sp = _channel_spec("batch", x, self.eps, self.affine)
+        y, mean, rstd = normalize(x, sp, self.weight, self.bias, return_stats=True)
+        if self.training and self.track_running_stats:
+            n = x.numel() // x.shape[1]
+            _update_running(self, mean, _unbiased_var(rstd, self.eps, n))
+        return y
+
+
+class BatchNorm1d(_BatchMixin, nn.BatchNorm1d):
+    """``torch.nn.BatchNorm1d`` (training: batch statistics by normc, running mean and unbiased running
+    variance updated as torch does; eval: torch's own)."""
+
+
+class BatchNorm2d(_BatchMixin, nn.BatchNorm2d):
+    """``torch.nn.BatchNorm2d``, as :class:`BatchNorm1d`."""
+
+
+class BatchNorm3d(_BatchMixin, nn.BatchNorm3d):
+    """``torch.nn.BatchNorm3d``, as :class:`BatchNorm1d`."""
+
+
+_SWAP = {
+    nn.LayerNorm: LayerNorm, nn.RMSNorm: RMSNorm, nn.GroupNorm: GroupNorm,
+    nn.InstanceNorm1d: InstanceNorm1d, nn.InstanceNorm2d: InstanceNorm2d, nn.InstanceNorm3d: InstanceNorm3d,
+    nn.BatchNorm1d: BatchNorm1d, nn.BatchNorm2d: BatchNorm2d, nn.BatchNorm3d: BatchNorm3d,
+}
+
+
+def convert(model: nn.Module) -> nn.Module:
+    """Make every LayerNorm, RMSNorm, GroupNorm, InstanceNorm1d/2d/3d and BatchNorm1d/2d/3d of ``model``
+    (exactly those classes, not subclasses) a normc module, in place: parameters, buffers and hooks are kept.
+    Returns ``model``."""
+    for m in model.modules():
+        new = _SWAP.get(type(m))
+        if new is not None:
+            m.__class__ = new
+    return model

@@ -1,0 +1,294 @@
+"""The backward entry: ``Compiled.backward(dy, x, mean, rstd, scale)`` -> ``(dx, dscale, dshift)``.
+
+Validates the arguments (:class:`normc.ArgumentError` naming the argument), plans the gradient reductions
+(:mod:`normc.backward_plan`), generates and compiles their kernels (:mod:`normc.lowering.backward`; PTX
+cached in memory and on disk like the forward's) and launches them on the caller's stream, or on Numba's
+CUDA simulator for numpy arrays when no GPU is present. Specializations are kept per ``Compiled`` object,
+keyed like the forward's (shape, strides, dtypes, device, pointer alignment).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+
+from ..canonical import dense_like
+from ..errors import ArgumentError
+from ..problem import make_problem, pointer_align
+from .arrays import SUPPORTED, describe, empty
+
+__all__ = ["backward", "plan_backward"]
+
+_lock = threading.Lock()
+
+
+class _BEntry:
+    __slots__ = ("plan", "kernels", "dx_strides", "dscale_shape", "dshift_shape", "sim")
+
+    def __init__(self, plan, kernels, dx_strides, dscale_shape, dshift_shape, sim):
+        self.plan, self.kernels, self.dx_strides = plan, kernels, dx_strides
+        self.dscale_shape, self.dshift_shape, self.sim = dscale_shape, dshift_shape, sim
+
+
+def _c_order(info):
+    nontrivial = [(n, s) for n, s in zip(info.shape, info.strides) if n > 1]
+    return all(nontrivial[i][1] == nontrivial[i + 1][1] * nontrivial[i + 1][0]
+               for i in range(len(nontrivial) - 1)) and (not nontrivial or nontrivial[-1][1] == 1)
+
+
+def _same_layout(shape, a, b):
+    return all(s == t for n, s, t in zip(shape, a, b) if n > 1)
+
+
+def _where(d):
+    return "the host" if d is None else f"cuda:{d}"
+
+
+def _check(compiled, gi, xi, mi, ri, si):
+    """Validate the arguments; returns (sizes, sim)."""
+    from . import gpu_available
+
+    spec = compiled.spec
+    if xi.dtype not in SUPPORTED:
+        raise ArgumentError(f"x has dtype {xi.dtype}; expected one of {', '.join(SUPPORTED)}")
+    if len(xi.shape) != spec.ndim:
+        raise ArgumentError(f"x has rank {len(xi.shape)} (shape {xi.shape}) but spec '{spec}' has {spec.ndim} dims")
+    sizes = spec.axis_sizes(xi.shape)
+    sim = xi.device is None
+    if sim and gpu_available():
+        raise ArgumentError("x is a host array; expected a CUDA array on the GPU")
+    if sim and xi.kind != "numpy":
+        raise ArgumentError(f"x is a host {xi.kind} array; expected a CUDA array (or numpy on the simulator)")
+    if tuple(gi.shape) != tuple(xi.shape):
+        raise ArgumentError(f"dy has shape {gi.shape}; expected x's shape {xi.shape}")
+    if gi.dtype not in SUPPORTED:
+        raise ArgumentError(f"dy has dtype {gi.dtype}; expected one of {', '.join(SUPPORTED)}")
+    kept = math.prod(sizes[a] for a in spec.kept)
+    stat_shape = tuple(sizes[a] for a in spec.kept)
+    for name, info in (("dy", gi), ("mean", mi), ("rstd", ri), ("scale", si)):
+        if info is not None and info.device != xi.device:
+            raise ArgumentError(f"{name} is on {_where(info.device)}; expected x's device {_where(xi.device)}")
+    for name, info in (("mean", mi), ("rstd", ri)):
+        if info is None:
+            if name == "mean" and spec.stat == "rms":
+                continue
+            raise ArgumentError(f"{name} is required: the float32 {name} the forward returned with "
+                                f"return_stats=True (shape {stat_shape})")
+        if info.dtype != "float32":
+            raise ArgumentError(f"{name} has dtype {info.dtype}; expected float32 (as the forward returns it)")
+        if math.prod(info.shape) != kept:
+            raise ArgumentError(f"{name} has {math.prod(info.shape)} elements (shape {info.shape}); expected "
+                                f"{kept}, one per kept index (shape {stat_shape})")
+        if not _c_order(info):
+            raise ArgumentError(f"{name} must be C-contiguous (got strides {info.strides} for shape {info.shape})")
+    if spec.scale is None:
+        if si is not None:
+            raise ArgumentError(f"scale was given but the spec '{spec}' has no scale step")
+    else:
+        if si is None:
+            raise ArgumentError(f"scale is required: the spec has 'scale {' '.join(spec.scale)}' (dx depends on it)")
+        want = math.prod(sizes[a] for a in spec.scale)
+        if math.prod(si.shape) != want:
+            raise ArgumentError(f"scale has {math.prod(si.shape)} elements (shape {si.shape}); expected {want}")
+        if si.dtype not in SUPPORTED:
+            raise ArgumentError(f"scale has dtype {si.dtype}; expected one of {', '.join(SUPPORTED)}")
+        if not _c_order(si):
+            raise ArgumentError(f"scale must be C-contiguous (got strides {si.strides} for shape {si.shape})")
+    return sizes, sim
+
+
+def plan_backward(spec, shape, dtype="float32", *, strides=None, layout=None, dy_dtype=None, scale_dtype=None,
+                  shift_dtype=None, need_dscale=True, need_dshift=True, arch="sm_90", sms=None, schedule=None):
+    """Plan the backward pass of ``spec`` for an x of logical ``shape`` (no GPU needed).
+
+    Args mirror :func:`normc.api.plan_for`; ``dy_dtype`` defaults to x's dtype, ``sms`` to 132.
+
+    Returns:
+        :class:`normc.backward_plan.BackwardPlan`.
+
+    Raises:
+        ArgumentError: shape, layout or dtype do not fit the spec.
+    """
+    from ..api import layout_strides
+    from ..backward_plan import make_backward_plan
+    from ..planner import DEFAULT_SMS
+    from ..spec import spec as parse
+
+    if isinstance(spec, str):
+        spec = parse(spec)
+    shape = tuple(int(s) for s in shape)
+    spec.axis_sizes(shape)
+    if strides is None:
+        strides = layout_strides(spec, shape, layout)
+    prob = make_problem(spec, shape, strides, dense_like(shape, strides), x_dtype=dtype, out_dtype=dtype,
+                        scale_dtype=scale_dtype, shift_dtype=shift_dtype)
+    if dy_dtype is not None and dy_dtype not in SUPPORTED:
+        raise ArgumentError(f"dy has dtype {dy_dtype}; expected one of {', '.join(SUPPORTED)}")
+    return make_backward_plan(prob, dy_dtype=dy_dtype, need_dscale=need_dscale, need_dshift=need_dshift,
+                              arch=arch, sms=sms or DEFAULT_SMS, schedule=schedule)
+
+
+def _build(compiled, gi, xi, si, need_dscale, need_dshift):
+    from ..backward_plan import make_backward_plan
+    from ..lowering.backward import generate_backward
+
+    spec = compiled.spec
+    sizes = spec.axis_sizes(xi.shape)
+    sim = xi.device is None
+    dx_strides = dense_like(xi.shape, xi.strides)
+    pdt = None if si is None else si.dtype
+    shift_dt = (pdt or xi.dtype) if spec.shift is not None else None
+    aligns = {"x": 16, "out": 16, "scale": 16, "shift": 16}
+    dy_align = 16
+    if not sim:
+        aligns.update(x=pointer_align(xi.ptr), scale=16 if si is None else pointer_align(si.ptr))
+        dy_align = pointer_align(gi.ptr)
+    prob = make_problem(spec, xi.shape, xi.strides, dx_strides, x_dtype=xi.dtype, out_dtype=xi.dtype,
+                        scale_dtype=pdt, shift_dtype=shift_dt, aligns=aligns)
+    dscale_shape = None if spec.scale is None else tuple(si.shape)
+    dshift_shape = None
+    if spec.shift is not None:
+        n = math.prod(sizes[a] for a in spec.shift)
+        dshift_shape = dscale_shape if spec.scale == spec.shift else (n,)
+    if sim:
+        from .simulate import load
+
+        plan = make_backward_plan(prob, dy_dtype=gi.dtype, dy_align=dy_align, need_dscale=need_dscale,
+                                  need_dshift=need_dshift, arch="sm_90", sms=4, schedule=compiled.schedule)
+        kernels = [load(ks) for ks in generate_backward(plan)]
+        return _BEntry(plan, kernels, dx_strides, dscale_shape, dshift_shape, True)
+    from . import gpu
+
+    cc = gpu.device_cc(xi.device)
+    if compiled.arch is not None:
+        from ..lowering import arch_cc
+
+        cc = arch_cc(compiled.arch)
+    plan = make_backward_plan(prob, dy_dtype=gi.dtype, dy_align=dy_align, need_dscale=need_dscale,
+                              need_dshift=need_dshift, arch=f"sm_{cc[0]}{cc[1]}", sms=gpu.device_sms(xi.device),
+                              schedule=compiled.schedule)
+    gpu.set_device(xi.device)
+    kernels = [gpu.Loaded(k["ptx"], k.get("cubin"), k["entry"], k["grid"], k["block"])
+               for k in compiled_backward_kernels(plan, cc)]
+    return _BEntry(plan, kernels, dx_strides, dscale_shape, dshift_shape, False)
+
+
+_memo = {}
+
+
+def compiled_backward_kernels(plan, cc) -> list:
+    """PTX (and cubin) of a backward plan's kernels for ``cc``: memory cache, disk cache, or NVVM."""
+    from . import cache, gpu, versions
+
+    key = cache.make_key({"backward": plan.to_dict(), "cc": list(cc), **versions()})
+    hit = _memo.get(key)
+    if hit is not None:
+        return hit
+    payload = cache.load(key)
+    if payload is None:
+        from ..lowering import lower_backward
+
+        kernels = [{"ptx": k.ptx, "cubin": gpu.link_cubin(k.ptx, cc), "entry": k.entry, "grid": k.grid,
+                    "block": k.block, "shared_bytes": k.shared_bytes} for k in lower_backward(plan, arch=cc)]
+        payload = {"kernels": kernels, "summary": f"backward {plan.kept}x{plan.reduced} {plan.x_dtype} "
+                                                  f"stat={plan.stat} sm_{cc[0]}{cc[1]}"}
+        cache.store(key, payload)
+    _memo[key] = payload["kernels"]
+    return payload["kernels"]
+
+
+def _relayout(gi, strides):
+    """dy copied into a dense array with dx's strides (dy must be laid out like dx for the kernels)."""
+    if gi.kind == "numpy":
+        out = empty(gi, gi.shape, strides, gi.dtype)
+        out[...] = gi.obj
+        return out
+    if gi.kind == "torch":
+        import torch
+
+        out = torch.empty_strided(tuple(gi.shape), tuple(strides), dtype=gi.obj.dtype, device=gi.obj.device)
+        out.copy_(gi.obj)
+        return out
+    if gi.kind == "cupy":
+        out = empty(gi, gi.shape, strides, gi.dtype)
+        out[...] = gi.obj
+        return out
+    raise ArgumentError(f"dy has strides {gi.strides}; expected x's memory order (strides {tuple(strides)}) for a "
+                        f"{gi.kind} array (normc copies torch, CuPy and numpy arrays itself)")
+
+
+def backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_dshift=True, stream=None):
+    """Gradients of ``compiled``'s normalization; see :meth:`normc.runtime.Compiled.backward`."""
+    from . import _stream_handle
+
+    xi = describe(x, "x")
+    gi = describe(dy, "dy")
+    mi = None if mean is None else describe(mean, "mean")
+    ri = None if rstd is None else describe(rstd, "rstd")
+    si = None if scale is None else describe(scale, "scale")
+    spec = compiled.spec
+    _check(compiled, gi, xi, mi, ri, si)
+    need_dscale = bool(need_dscale) and spec.scale is not None
+    need_dshift = bool(need_dshift) and spec.shift is not None
+    dx_strides = dense_like(xi.shape, xi.strides)
+    if not _same_layout(xi.shape, gi.strides, dx_strides):
+        dy = _relayout(gi, dx_strides)
+        gi = describe(dy, "dy")
+    key = (xi.kind, xi.shape, xi.strides, xi.dtype, xi.device, pointer_align(xi.ptr), gi.dtype,
+           pointer_align(gi.ptr), None if si is None else (si.shape, si.dtype, pointer_align(si.ptr)),
+           need_dscale, need_dshift)
+    table = compiled.__dict__.setdefault("_normc_backward", {})
+    entry = table.get(key)
+    if entry is None:
+        with _lock:
+            entry = table.get(key)
+            if entry is None:
+                entry = _build(compiled, gi, xi, si, need_dscale, need_dshift)
+                table[key] = entry
+    plan = entry.plan
+    dx = empty(xi, xi.shape, entry.dx_strides, xi.dtype)
+    dscale = dshift = None
+    if need_dscale:
+        shp = entry.dscale_shape
+        dscale = empty(xi, shp, dense_like(shp, range(len(shp), 0, -1)), plan.dscale_dtype)
+    if need_dshift:
+        shp = entry.dshift_shape
+        dshift = empty(xi, shp, dense_like(shp, range(len(shp), 0, -1)), plan.dshift_dtype)
+    if math.prod(xi.shape) == 0:
+        for a in (dscale, dshift):
+            if a is not None:
+                a[...] = 0
+        return dx, dscale, dshift
+    nws = plan.workspace_floats
+    if entry.sim:
+        import warnings
+
+        import numpy as np
+
+        from .simulate import _flat, _launch_lock
+
+        args = [_flat(dy, "dy"), _flat(x, "x"), _flat(scale, "scale"), _flat(mean, "mean"), _flat(rstd, "rstd"),
+                _flat(dx, "dx"), np.zeros(max(nws, 1), np.float32), _flat(dscale, "dscale"),
+                _flat(dshift, "dshift")]
+        with _launch_lock, warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=RuntimeWarning,
+                                    message=r"(invalid value|divide by zero|overflow)")
+            for k in entry.kernels:
+                k(*args)
+        return dx, dscale, dshift
+    from . import gpu
+
+    ws = empty(xi, (nws,), (1,), "float32") if nws else None
+
+    def ptr(a, name):
+        if a is None:
+            return 0
+        return a.data_ptr() if xi.kind == "torch" else describe(a, name).ptr
+
+    ptrs = (gi.ptr, xi.ptr, 0 if si is None else si.ptr, 0 if mi is None else mi.ptr, ri.ptr, ptr(dx, "dx"),
+            ptr(ws, "workspace"), ptr(dscale, "dscale"), ptr(dshift, "dshift"))
+    gpu.set_device(xi.device)
+    s = gpu.stream_of(_stream_handle(stream, xi))
+    for k in entry.kernels:
+        k(s, *ptrs)
+    return dx, dscale, dshift

@@ -1,0 +1,363 @@
+"""The backward pass (dx, dscale, dshift) on Numba's CUDA simulator against a float64 numpy reference, the
+backward plans of large shapes (no run), PTX generation of the gradient kernels, and argument errors.
+
+The reference is written from the math (docs/backward.md), not from the kernels: with xhat = (x - mean)*rstd
+(rms: x*rstd) and g = dy*scale, dx = rstd*(g - mean_R(g) - xhat*mean_R(g*xhat)) (rms: without mean_R(g)),
+dscale = sum of dy*xhat and dshift = sum of dy over the axes each parameter is broadcast along.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import normc
+from conftest import make_param, make_x, memory_order, np_dtype, rel_err
+from normc.runtime.backward import plan_backward
+
+LN = "t d : norm over d ; scale d ; shift d"
+RMS = normc.spec("t d : rms over d ; scale d", eps=1e-6)
+IN1 = "n c l : norm over l ; scale c ; shift c"
+IN2 = "n c h w : norm over h w ; scale c ; shift c"
+IN3 = "n c d h w : norm over d h w ; scale c ; shift c"
+BN = "n c h w : norm over n h w ; scale c ; shift c"
+BN1 = "n c : norm over n ; scale c ; shift c"
+GN = "n (g k) h w : norm over k h w ; scale g k ; shift g k"
+NHWC = [0, 2, 3, 1]
+NDHWC = [0, 2, 3, 4, 1]
+
+# max|err| / max(max|ref|, 1) by the dtype of the array compared. float32: float32 sums of a few hundred
+# terms; half dtypes: the output's rounding (2^-8 bfloat16, 2^-11 float16) dominates.
+GRAD_TOL = {"float32": 3e-5, "float16": 4e-3, "bfloat16": 1.6e-2}
+
+
+def reference_backward(spec, x, dy, scale=None):
+    """float64 (dx, dscale, dshift) from the math; parameters flat in spec axis order (None when absent)."""
+    sizes = spec.axis_sizes(x.shape)
+    axes = spec.axes
+    full = [sizes[a] for a in axes]
+    xd = np.asarray(x).astype(np.float64).reshape(full)
+    gd = np.asarray(dy).astype(np.float64).reshape(full)
+    red = tuple(i for i, a in enumerate(axes) if a in spec.reduced)
+    if spec.stat == "norm":
+        mu = xd.mean(axis=red, keepdims=True)
+        rs = 1.0 / np.sqrt(((xd - mu) ** 2).mean(axis=red, keepdims=True) + spec.eps)
+        xh = (xd - mu) * rs
+    else:
+        rs = 1.0 / np.sqrt((xd * xd).mean(axis=red, keepdims=True) + spec.eps)
+        xh = xd * rs
+    s = 1.0
+    if spec.scale is not None:
+        s = np.asarray(scale).astype(np.float64).reshape([sizes[a] for a in spec.scale])
+        s = s.reshape([sizes[a] if a in spec.scale else 1 for a in axes])
+    g = gd * s
+    inner = (g * xh).mean(axis=red, keepdims=True)
+    if spec.stat == "norm":
+        dx = rs * (g - g.mean(axis=red, keepdims=True) - xh * inner)
+    else:
+        dx = rs * (g - xh * inner)
+
+    def psum(v, p_axes):
+        if p_axes is None:
+            return None
+        return v.sum(axis=tuple(i for i, a in enumerate(axes) if a not in p_axes)).reshape(-1)
+
+    return dx.reshape(x.shape), psum(gd * xh, spec.scale), psum(gd, spec.shift)
+
+
+def _spec(s, **sizes):
+    return normc.spec(s, **sizes) if isinstance(s, str) else s
+
+
+def check_grad(name, got, ref, dtype, tol=None):
+    tol = GRAD_TOL[dtype] if tol is None else tol
+    err = rel_err(np.asarray(got).reshape(-1) if got is not None and np.ndim(ref) == 1 else got, ref)
+    assert err <= tol, f"{name}: max rel err {err:.3g} > {tol:.3g} ({dtype})"
+
+
+def run_bwd(spec, x, *, dy=None, dy_dtype=None, pdtype=None, schedule=None, rng=None):
+    """Forward (for mean/rstd), then backward; checks dx/dscale/dshift against the reference. Returns the
+    results and the backward plan."""
+    spec = _spec(spec)
+    rng = np.random.default_rng(11) if rng is None else rng
+    dt = x.dtype.name
+    pdtype = pdtype or dt
+    sizes = spec.axis_sizes(x.shape)
+    sc = None if spec.scale is None else make_param(math.prod(sizes[a] for a in spec.scale), pdtype, rng, 1.0, 0.5)
+    sh = None if spec.shift is None else make_param(math.prod(sizes[a] for a in spec.shift), pdtype, rng)
+    _, mean, rstd = normc.compile(spec)(x, sc, sh, return_stats=True)
+    f = normc.compile(spec, schedule=schedule)
+    if dy is None:
+        dy = make_x(x.shape, dy_dtype or dt, rng=rng)
+    dx, dscale, dshift = f.backward(dy, x, mean, rstd, sc)
+    rdx, rds, rdh = reference_backward(spec, x, dy, sc)
+    assert dx.shape == x.shape and dx.dtype == x.dtype
+    assert memory_order(dx) == memory_order(x)
+    check_grad("dx", dx, rdx, dt)
+    if spec.scale is not None:
+        assert dscale.dtype == np_dtype(pdtype) and dscale.shape == sc.shape
+        check_grad("dscale", dscale, rds, pdtype)
+    else:
+        assert dscale is None
+    if spec.shift is not None:
+        assert dshift.dtype == np_dtype(pdtype)
+        check_grad("dshift", dshift, rdh, pdtype)
+    else:
+        assert dshift is None
+    plans = [e.plan for e in f._normc_backward.values()]
+    assert len(plans) == 1
+    return (dx, dscale, dshift), plans[0]
+
+
+# ----------------------------------------------------------------------------------------------------
+# every family, simulator
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_layer_norm(dtype):
+    _, plan = run_bwd(LN, make_x((5, 12), dtype))
+    assert plan.dx.strategy == "inner" and plan.fused is not None and plan.params == ()
+    assert plan.fused.lane_outputs == ("dscale", "dshift")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_layer_norm_general_path(dtype):
+    # schedule="looped" keeps the general kernels: two-pass dx, then the outer parameter reduction
+    _, plan = run_bwd(LN, make_x((5, 12), dtype), schedule="looped")
+    assert plan.fused is None and plan.dx.strategy == "inner" and plan.params[0].strategy == "outer"
+    assert plan.params[0].outputs == ("dscale", "dshift")
+
+
+def test_rms_norm_bf16():
+    _, plan = run_bwd(RMS, make_x((3, 40), "bfloat16"))
+    assert plan.dx.nq == 1 and plan.fused.lane_outputs == ("dscale",) and plan.params == ()
+
+
+def test_instance_norm_1d_f16():
+    run_bwd(IN1, make_x((2, 3, 11), "float16"))
+
+
+@pytest.mark.parametrize("perm,dtype", [(None, "float32"), (NHWC, "float32"), (NHWC, "bfloat16")],
+                         ids=["nchw-f32", "nhwc-f32", "nhwc-bf16"])
+def test_instance_norm_2d(perm, dtype):
+    _, plan = run_bwd(IN2, make_x((2, 3, 4, 5), dtype, perm=perm))
+    want = "outer" if perm else "inner"
+    assert plan.dx.strategy == want
+    if perm is None:  # NCHW rows: fused dx, dscale/dshift from the per-row sums
+        assert plan.fused.row_outputs == ("dscale", "dshift") and plan.params == ()
+    else:
+        assert plan.fused is None
+
+
+@pytest.mark.parametrize("perm", [None, NDHWC], ids=["ncdhw", "ndhwc"])
+def test_instance_norm_3d_f16(perm):
+    run_bwd(IN3, make_x((1, 2, 3, 2, 4), "float16", perm=perm))
+
+
+@pytest.mark.parametrize("perm", [None, NHWC], ids=["nchw", "nhwc"])
+def test_group_norm(perm):
+    _, plan = run_bwd(_spec(GN, g=2), make_x((2, 6, 3, 3), "float32", perm=perm))
+    assert plan.params[0].keys == 6  # dscale over (g k) = C
+
+
+@pytest.mark.parametrize("perm,dtype", [(None, "float32"), (NHWC, "bfloat16")], ids=["nchw-f32", "nhwc-bf16"])
+def test_batch_norm(perm, dtype):
+    run_bwd(BN, make_x((2, 3, 4, 4), dtype, perm=perm))
+
+
+def test_batch_norm_1d():
+    _, plan = run_bwd(BN1, make_x((9, 6), "float32"))
+    assert plan.dx.strategy == "outer"
+
+
+@pytest.mark.parametrize("spec,shape,perm", [(LN, (2, 200), None), (IN2, (1, 3, 6, 6), NHWC)],
+                         ids=["inner", "outer"])
+def test_split_reductions(spec, shape, perm):
+    # schedule="split" forces two splits in every reduction: partial kernels, then the ordered finish kernels
+    _, plan = run_bwd(spec, make_x(shape, "float32", perm=perm), schedule="split")
+    assert plan.dx.splits == 2 and all(r.splits == 2 for r in plan.params)
+    assert plan.workspace_floats > 0
+
+
+# ----------------------------------------------------------------------------------------------------
+# the fused path: x and dy read once, parameter partials per CTA (lane route) or per row (row route)
+
+
+@pytest.mark.parametrize("spec,shape,dtype,check", [
+    # 2100 rows of 12: 256 rows per CTA at a time, 9 row groups over 8 CTAs (two for one CTA), ragged
+    (LN, (2100, 12), "float32", lambda fz: fz.groups_per_cta > 1 and 1100 % fz.rows_per_cta != 0),
+    # 128 bfloat16: 16 values per thread (scale reloaded per row), ragged
+    (LN, (150, 128), "bfloat16", lambda fz: fz.per * fz.vec == 16 and 150 % fz.rows_per_cta != 0),
+    # 1000 float32: 128 lanes per row (shared-memory combine of 4 warps), lanes past the row's end masked
+    ("t d : norm over d ; scale d", (9, 1000), "float32",
+     lambda fz: fz.tpr == 128 and fz.tpr * fz.per > 250 and 9 % fz.rows_per_cta != 0),
+    # 100 bfloat16 elements: vectors of 4 (100 is not a multiple of 8), masked lanes
+    (RMS, (9, 100), "bfloat16", lambda fz: fz.vec == 4 and fz.tpr * fz.per > 25),
+    # no scale/shift: 13 elements (vec 1), only dx
+    ("t d : rms over d", (7, 13), "float32", lambda fz: fz.vec == 1 and fz.lane_outputs == ()),
+    ("t d : norm over d", (33, 24), "bfloat16", lambda fz: fz.scale_mode == "none" and fz.lane_outputs == ()),
+], ids=["ln-f32-groups", "ln-bf16-128", "ln-scale-f32-1000", "rms-bf16-100", "rms-f32-noaffine",
+        "ln-bf16-noaffine"])
+def test_fused_paths(spec, shape, dtype, check):
+    _, plan = run_bwd(spec, make_x(shape, dtype))
+    fz = plan.fused
+    assert fz is not None and plan.params == ()
+    sp = _spec(spec)
+    want = tuple(o for o, a in (("dscale", sp.scale), ("dshift", sp.shift)) if a is not None)
+    assert fz.lane_outputs == want and fz.row_outputs == ()
+    assert plan.workspace_floats == len(want) * fz.grid * shape[-1]
+    assert check(fz), fz
+
+
+def test_fused_row_route_and_mixed_scale():
+    # NCHW instance norm: scale constant along each row -> per-row sums, then a row-finish kernel
+    _, plan = run_bwd(IN2, make_x((3, 4, 5, 6), "bfloat16"))
+    assert plan.fused.scale_mode == "row" and plan.fused.row_outputs == ("dscale", "dshift")
+    assert plan.workspace_floats == 2 * 12
+    # group norm NCHW: scale varies along the row and across rows: fused dx, general parameter reduction
+    _, plan = run_bwd(_spec(GN, g=2), make_x((2, 6, 3, 3), "float32"))
+    assert plan.fused.scale_mode == "mixed" and plan.fused.lane_outputs == plan.fused.row_outputs == ()
+    assert plan.params[0].outputs == ("dscale", "dshift")
+
+
+def test_fused_determinism():
+    f = normc.compile(LN)
+    rng = np.random.default_rng(3)
+    x, dy = make_x((70, 24), "bfloat16", rng=rng), make_x((70, 24), "bfloat16", rng=rng)
+    sc, sh = make_param(24, "bfloat16", rng, 1.0, 0.5), make_param(24, "bfloat16", rng)
+    _, m, r = f(x, sc, sh, return_stats=True)
+    a = f.backward(dy, x, m, r, sc)
+    b = f.backward(dy, x, m, r, sc)
+    assert list(f._normc_backward.values())[0].plan.fused.grid > 1
+    for u, v in zip(a, b):
+        assert np.array_equal(u.view(np.uint16), v.view(np.uint16))
+
+
+@pytest.mark.parametrize("spec,shape", [(LN, (8192, 4096)), (RMS, (8192, 4096)),
+                                        ("b t d : norm over d ; scale d ; shift d", (1, 1048576, 128))],
+                         ids=["ln-8192x4096", "rms-8192x4096", "ln-tall-128"])
+def test_fused_kernels_assemble_without_spills(spec, shape):
+    from normc.lowering import assemble, lower_backward
+
+    plan = plan_backward(spec, shape, "bfloat16")
+    assert plan.fused is not None and plan.params == ()
+    ks = lower_backward(plan)
+    assert [k.source.split("(")[0].split()[-1] for k in ks] == ["normc_bwd_fused", "normc_bwd_fparam_finish"]
+    for k in ks:
+        _, use = assemble(k.ptx, "sm_90")
+        assert use.spill_stores == 0 and use.spill_loads == 0 and use.stack == 0, (k.entry, use.log)
+        assert 0 < use.registers <= 65536 // k.block
+
+
+def test_no_affine_and_mixed_dtypes():
+    run_bwd("t d : norm over d", make_x((3, 8), "float32"))
+    # bfloat16 x, float32 dy and parameters (autocast-style)
+    run_bwd(LN, make_x((3, 16), "bfloat16"), dy_dtype="float32", pdtype="float32")
+
+
+def test_dy_other_layout_and_determinism():
+    x = make_x((2, 3, 4, 4), "float32", perm=NHWC)
+    dy = make_x((2, 3, 4, 4), "float32", rng=np.random.default_rng(5))  # NCHW: copied into x's order
+    (dx, ds, dh), _ = run_bwd(IN2, x, dy=dy)
+    f = normc.compile(IN2)
+    sc = make_param(3, "float32", np.random.default_rng(11), 1.0, 0.5)
+    _, m, r = f(x, sc, make_param(3), return_stats=True)
+    a = f.backward(dy, x, m, r, sc)
+    b = f.backward(dy, x, m, r, sc)
+    for u, v in zip(a, b):
+        assert np.array_equal(u.view(np.uint32), v.view(np.uint32))
+
+
+def test_need_flags():
+    f = normc.compile(LN)
+    x = make_x((3, 8), "float32")
+    sc, sh = make_param(8), make_param(8)
+    _, m, r = f(x, sc, sh, return_stats=True)
+    dx, ds, dh = f.backward(x, x, m, r, sc, need_dscale=False)
+    assert ds is None and dh is not None
+    dx, ds, dh = f.backward(x, x, m, r, sc, need_dscale=False, need_dshift=False)
+    assert ds is None and dh is None
+    plan = list(f._normc_backward.values())[-1].plan
+    assert plan.params == ()
+
+
+# ----------------------------------------------------------------------------------------------------
+# plans of large shapes (not run)
+
+
+def test_tall_layer_norm_spreads_param_partials():
+    plan = plan_backward("b t d : norm over d ; scale d ; shift d", (1, 1048576, 128), "bfloat16")
+    fz = plan.fused
+    assert plan.params == () and fz.lane_outputs == ("dscale", "dshift")
+    assert fz.vec == 8 and fz.tpr * fz.per * fz.vec >= 128
+    assert fz.grid >= 132 and fz.groups_per_cta > 100  # >= 1 CTA per SM, each looping over many rows
+    assert plan.workspace_floats == 2 * fz.grid * 128 <= 2 * 4 * 132 * 128  # small partial workspace
+    assert "per-CTA partials" in plan.describe()
+    # the general path (schedule="looped") splits the parameter reduction's rows over >= 132 CTAs
+    plan = plan_backward("b t d : norm over d ; scale d ; shift d", (1, 1048576, 128), "bfloat16",
+                         schedule="looped")
+    (pr,) = plan.params
+    assert pr.strategy == "outer" and pr.grid >= 132 and pr.splits == pr.grid and pr.vec == 8
+    assert plan.workspace_floats == pr.splits * 128 * 2 and "split over" in plan.describe()
+
+
+def test_wide_layer_norm_and_nhwc_instance_plans():
+    plan = plan_backward(LN, (16384, 4096), "bfloat16")
+    fz = plan.fused
+    assert fz.grid >= 132 and fz.tpr * fz.per * fz.vec >= 4096 and fz.per * fz.vec <= 16
+    # the partials stay a small fraction of the traffic of x, dy and dx
+    assert plan.workspace_floats * 4 <= 16384 * 4096 * 6 / 8
+    plan = plan_backward(IN2, (256, 128, 28, 28), "float16", layout="n h w c")
+    assert plan.dx.strategy == "outer" and plan.dx.vec == 8 and plan.fused is None
+    assert plan.params[0].strategy == "outer" and plan.params[0].grid >= 132
+    # rows too long for registers keep the general (two-pass) path
+    plan = plan_backward(LN, (64, 16384), "float32")
+    assert plan.fused is None and plan.params[0].outputs == ("dscale", "dshift")
+
+
+# ----------------------------------------------------------------------------------------------------
+# PTX (no GPU): the generated source must type-check under Numba's CUDA target, not only the simulator
+
+
+@pytest.mark.parametrize("spec,shape,dtype,layout,schedule", [
+    (LN, (64, 1024), "bfloat16", None, None),
+    (RMS, (8, 4096), "float16", None, "split"),
+    (IN2, (4, 32, 16, 16), "float32", "n h w c", "split"),
+    (_spec(GN, g=4), (2, 16, 8, 8), "float16", "n h w (g k)", None),
+], ids=["ln", "rms-split", "in-nhwc-split", "gn-nhwc"])
+def test_backward_ptx(spec, shape, dtype, layout, schedule):
+    from normc.lowering import lower_backward
+    from normc.lowering.backward import kernel_count
+
+    plan = plan_backward(spec, shape, dtype, layout=layout, schedule=schedule)
+    ks = lower_backward(plan)
+    assert len(ks) == kernel_count(plan) >= 1 + len(plan.params)
+    for k in ks:
+        assert ".visible .entry" in k.ptx and ".extern" not in k.ptx
+
+
+# ----------------------------------------------------------------------------------------------------
+# argument errors
+
+
+def test_errors():
+    f = normc.compile(LN)
+    x = make_x((3, 8), "float32")
+    sc, sh = make_param(8), make_param(8)
+    _, m, r = f(x, sc, sh, return_stats=True)
+    with pytest.raises(normc.ArgumentError, match="dy has shape"):
+        f.backward(x[:, :4], x, m, r, sc)
+    with pytest.raises(normc.ArgumentError, match="mean is required"):
+        f.backward(x, x, None, r, sc)
+    with pytest.raises(normc.ArgumentError, match="rstd has dtype float64"):
+        f.backward(x, x, m, r.astype(np.float64), sc)
+    with pytest.raises(normc.ArgumentError, match="rstd has 2 elements"):
+        f.backward(x, x, m, r[:2], sc)
+    with pytest.raises(normc.ArgumentError, match="scale is required"):
+        f.backward(x, x, m, r)
+    with pytest.raises(normc.ArgumentError, match="dy has dtype float64"):
+        f.backward(x.astype(np.float64), x, m, r, sc)
+    with pytest.raises(normc.ArgumentError, match="scale was given"):
+        normc.compile("t d : norm over d").backward(x, x, m, r, sc)

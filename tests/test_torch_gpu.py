@@ -1,0 +1,198 @@
+"""normc.torch on a CUDA GPU: modules vs torch (forward, backward, running stats, layouts), float64 gradcheck
+(reference path), torch.compile without graph breaks, CUDA-graph capture, and Compiled.backward on torch
+tensors. Run with ``python -m pytest -m gpu tests/test_torch_gpu.py``."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.gpu
+
+import normc  # noqa: E402
+
+
+def _ntorch():
+    import normc.torch as nt
+
+    return nt
+
+
+TOL = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}
+
+
+def _err(a, b):
+    a, b = a.double(), b.double()
+    return float((a - b).abs().max() / max(float(b.abs().max()), 1.0))
+
+
+def _compare(ref_mod, x, dtype, train=True):
+    """Forward + backward of ref_mod and its normc conversion on the same input; returns the errors."""
+    nt = _ntorch()
+    import copy
+
+    mod = nt.convert(copy.deepcopy(ref_mod))
+    assert type(mod) is not type(ref_mod)
+    ref_mod.train(train)
+    mod.train(train)
+    x1 = x.detach().clone().requires_grad_(True)
+    x2 = x.detach().clone().requires_grad_(True)
+    y1 = ref_mod(x1)
+    y2 = mod(x2)
+    assert y2.dtype == y1.dtype and y2.shape == y1.shape
+    # normc keeps x's memory order (torch's instance norm returns a contiguous y for channels-last x)
+    assert y2.stride() == torch.empty_like(x, memory_format=torch.preserve_format).stride()
+    dy = torch.randn_like(y1)
+    y1.backward(dy)
+    y2.backward(dy)
+    tol = TOL[dtype]
+    assert _err(y2, y1) <= tol, ("y", _err(y2, y1))
+    assert _err(x2.grad, x1.grad) <= tol, ("dx", _err(x2.grad, x1.grad))
+    for (n, p1), (_, p2) in zip(ref_mod.named_parameters(), mod.named_parameters()):
+        assert _err(p2.grad, p1.grad) <= tol * 4, (n, _err(p2.grad, p1.grad))
+    for (n, b1), (_, b2) in zip(ref_mod.named_buffers(), mod.named_buffers()):
+        if b1.dtype.is_floating_point:
+            assert _err(b2, b1) <= max(1e-4, tol), (n, _err(b2, b1))  # one ulp of a half buffer
+        else:
+            assert torch.equal(b1, b2), n
+
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_rms_norm(dtype):
+    x = torch.randn(64, 1024, device="cuda", dtype=dtype)
+    nn = torch.nn
+    _compare(nn.LayerNorm(1024, device="cuda", dtype=dtype), x, dtype)
+    _compare(nn.RMSNorm(1024, eps=1e-6, device="cuda", dtype=dtype), x, dtype)
+    _compare(nn.LayerNorm((8, 128), device="cuda", dtype=dtype), x.view(64, 8, 128), dtype)
+
+
+@pytest.mark.parametrize("cl", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_instance_group_batch_2d(cl, dtype):
+    nn = torch.nn
+    x = torch.randn(4, 32, 20, 20, device="cuda", dtype=dtype)
+    if cl:
+        x = x.to(memory_format=torch.channels_last)
+    for m in (nn.InstanceNorm2d(32, affine=True), nn.InstanceNorm2d(32),
+              nn.InstanceNorm2d(32, affine=True, track_running_stats=True),
+              nn.GroupNorm(8, 32), nn.BatchNorm2d(32)):
+        m = m.to(device="cuda", dtype=dtype)
+        with torch.no_grad():
+            for p in m.parameters():
+                p.uniform_(0.5, 1.5)
+        _compare(m, x, dtype)
+    _compare(nn.BatchNorm2d(32).to("cuda", dtype), x, dtype, train=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_1d_3d(dtype):
+    nn = torch.nn
+    x1 = torch.randn(8, 16, 50, device="cuda", dtype=dtype)
+    _compare(nn.InstanceNorm1d(16, affine=True).to("cuda", dtype), x1, dtype)
+    _compare(nn.BatchNorm1d(16).to("cuda", dtype), x1, dtype)
+    _compare(nn.BatchNorm1d(16, momentum=None).to("cuda", dtype), x1[:, :, 0].contiguous(), dtype)
+    x3 = torch.randn(2, 8, 6, 10, 12, device="cuda", dtype=dtype).to(memory_format=torch.channels_last_3d)
+    _compare(nn.InstanceNorm3d(8, affine=True).to("cuda", dtype), x3, dtype)
+    _compare(nn.BatchNorm3d(8).to("cuda", dtype), x3, dtype)
+
+
+def test_channels_last_output_and_grad_layout():
+    nt = _ntorch()
+    m = nt.InstanceNorm2d(16, affine=True).cuda()
+    x = torch.randn(2, 16, 9, 9, device="cuda").to(memory_format=torch.channels_last).requires_grad_(True)
+    y = m(x)
+    assert y.is_contiguous(memory_format=torch.channels_last)
+    y.sum().backward()
+    assert x.grad.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_gradcheck_float64():
+    nt = _ntorch()
+    for spec, shape, pshape in (
+        ("t d : norm over d ; scale d ; shift d", (3, 5), (5,)),
+        (normc.spec("t d : rms over d ; scale d", eps=1e-6), (3, 6), (6,)),
+        ("n c h w : norm over h w ; scale c ; shift c", (2, 3, 2, 3), (3,)),
+        (normc.spec("n (g k) h w : norm over k h w ; scale g k ; shift g k", g=2), (2, 4, 2, 2), (4,)),
+        ("n c h w : norm over n h w ; scale c ; shift c", (3, 2, 2, 2), (2,)),
+    ):
+        for dev in ("cpu", "cuda"):
+            x = torch.randn(*shape, dtype=torch.float64, device=dev, requires_grad=True)
+            w = torch.randn(*pshape, dtype=torch.float64, device=dev, requires_grad=True)
+            sp = normc.spec(spec) if isinstance(spec, str) else spec
+            b = torch.randn(*pshape, dtype=torch.float64, device=dev, requires_grad=True) if sp.shift else None
+            args = (x, w) if b is None else (x, w, b)
+            assert torch.autograd.gradcheck(lambda *a: nt.normalize(a[0], sp, *a[1:]), args)
+
+
+def test_kernels_match_float64_reference():
+    nt = _ntorch()
+    sp = normc.spec("n (g k) h w : norm over k h w ; scale g k ; shift g k", g=4)
+    x = torch.randn(2, 16, 7, 7, device="cuda").to(memory_format=torch.channels_last)
+    w = torch.rand(16, device="cuda") + 0.5
+    b = torch.randn(16, device="cuda")
+    f = normc.compile(sp)
+    y, mean, rstd = f(x, w, b, return_stats=True)
+    dy = torch.randn_like(y)
+    dx, dw, db = f.backward(dy, x, mean, rstd, w)
+    rdx, rdw, rdb = nt.reference_backward(sp, dy.double(), x.double(), mean.double(), rstd.double(), w.double())
+    assert _err(dx, rdx) < 1e-5 and _err(dw, rdw) < 1e-5 and _err(db, rdb) < 1e-5
+    assert dx.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_tall_layer_norm_deterministic():
+    nt = _ntorch()
+    m = nt.LayerNorm(128, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(1, 1048576, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    grads = []
+    for _ in range(2):
+        m.zero_grad()
+        x.grad = None
+        m(x).backward(dy)
+        grads.append((x.grad.clone(), m.weight.grad.clone(), m.bias.grad.clone()))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+    ref = torch.nn.LayerNorm(128, device="cuda", dtype=torch.float32)
+    xr = x.detach().float().requires_grad_(True)
+    ref(xr).backward(dy.float())
+    assert _err(m.weight.grad, ref.weight.grad) < 2e-2
+    assert _err(m.bias.grad, ref.bias.grad) < 2e-2
+
+
+def test_torch_compile_no_graph_break():
+    nt = _ntorch()
+    m = torch.nn.Sequential(torch.nn.Linear(64, 64), nt.LayerNorm(64), torch.nn.GELU()).cuda()
+    x = torch.randn(32, 64, device="cuda", requires_grad=True)
+    import torch._dynamo as dynamo
+
+    explain = dynamo.explain(m)(x)
+    assert explain.graph_break_count == 0, explain.break_reasons
+    cm = torch.compile(m, fullgraph=True)
+    y = cm(x)
+    y.sum().backward()
+    assert torch.allclose(y, m(x), atol=1e-5)
+
+
+def test_cuda_graph_capture():
+    nt = _ntorch()
+    m = nt.LayerNorm(256).cuda()
+    x = torch.randn(128, 256, device="cuda", requires_grad=True)
+    dy = torch.randn(128, 256, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm up: compile the kernels outside the capture
+            m(x).backward(dy)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    x.grad = None
+    m.zero_grad(set_to_none=True)
+    with torch.cuda.graph(g):
+        y = m(x)
+        y.backward(dy)
+    g.replay()
+    torch.cuda.synchronize()
+    ref = torch.nn.functional.layer_norm(x, (256,), m.weight, m.bias)
+    assert _err(y, ref) < 1e-4
