@@ -64,6 +64,30 @@ def _from_f32(builder, tag, v):
     return builder.trunc(res, _i16)
 
 
+def _load_vec(builder, p, idx, tag, width):
+    """One ``width``-element load at element ``idx`` of ``p`` (global space), as a vector of the element type.
+
+    16-bit elements are moved as 32-bit words (``ld.global.v4.u32`` for 8 halves): PTX has no ``.v8.u16``, and
+    an ``<8 x i16>`` load is emitted as two 8-byte ``ld.global.v4.u16``, halving the access width."""
+    align = width * _ITEM[tag]
+    if tag == "f32" or width == 1:
+        return builder.load(_global_ptr(builder, p, idx, tag, width), align=align)
+    words = ir.VectorType(_i32, width // 2)
+    g = builder.bitcast(_global_ptr(builder, p, idx, tag, 1), ir.PointerType(words, 1))
+    return builder.bitcast(builder.load(g, align=align), ir.VectorType(_i16, width))
+
+
+def _store_vec(builder, vec, p, idx, tag, width):
+    """Store a ``width``-element vector at element ``idx`` of ``p`` in one access (16-bit elements as words)."""
+    align = width * _ITEM[tag]
+    if tag == "f32" or width == 1:
+        builder.store(vec, _global_ptr(builder, p, idx, tag, width), align=align)
+        return
+    words = ir.VectorType(_i32, width // 2)
+    g = builder.bitcast(_global_ptr(builder, p, idx, tag, 1), ir.PointerType(words, 1))
+    builder.store(builder.bitcast(vec, words), g, align=align)
+
+
 def _global_ptr(builder, p, idx, tag, width):
     """Address of element ``idx`` of ``p`` in the global address space, typed as a ``width``-vector."""
     elem = _elem_ir(tag)
@@ -85,8 +109,7 @@ def _make_load(tag, width):
         def codegen(context, builder, signature, args):
             p, i = args
             i = context.cast(builder, i, signature.args[1], int64)
-            addr = _global_ptr(builder, p, i, tag, width)
-            val = builder.load(addr, align=width * _ITEM[tag])
+            val = _load_vec(builder, p, i, tag, width)
             if width == 1:
                 return _to_f32(builder, tag, val)
             elems = [_to_f32(builder, tag, builder.extract_element(val, ir.Constant(_i32, k)))
@@ -118,7 +141,7 @@ def _make_masked_load(tag, width):
             vty = ety if width == 1 else ir.VectorType(ety, width)
             slot = cgutils.alloca_once_value(builder, ir.Constant(vty, None))
             with builder.if_then(c, likely=True):
-                builder.store(builder.load(_global_ptr(builder, p, i, tag, width), align=width * _ITEM[tag]), slot)
+                builder.store(_load_vec(builder, p, i, tag, width), slot)
             val = builder.load(slot)
             if width == 1:
                 return _to_f32(builder, tag, val)
@@ -145,7 +168,7 @@ def _store_codegen(tag, width):
         for k in range(width):
             f = context.cast(builder, builder.extract_value(v, k), vt[k], float32)
             vec = builder.insert_element(vec, _from_f32(builder, tag, f), ir.Constant(_i32, k))
-        builder.store(vec, _global_ptr(builder, p, i, tag, width), align=width * _ITEM[tag])
+        _store_vec(builder, vec, p, i, tag, width)
         return context.get_dummy_value()
 
     return codegen
