@@ -30,14 +30,16 @@ All arithmetic is float32; nothing uses atomics, so results are bitwise reproduc
 
 from __future__ import annotations
 
-from .codegen import TAG, KernelSource, _coords, _offset, _ptr_type, _Src, vector_offsets
+from .codegen import TAG, KernelSource, _coords, _Emitter, _offset, _ptr_type, _Src, vector_offsets
 
 BPARAMS = "gp, xp, sp, mp, rp, dp, wp, dsp, dhp"
 _OUTPTR = {"dscale": "dsp", "dshift": "dhp"}
 
 
-class _Red:
+class _Red(_Emitter):
     """Generator of one :class:`normc.backward_plan.ReducePlan`'s kernels."""
+
+    params = BPARAMS
 
     def __init__(self, bp, rp):
         self.bp, self.rp = bp, rp
@@ -52,21 +54,22 @@ class _Red:
         self.Q = (["g", "gx"] if self.norm else ["gx"]) if self.dx else \
             [("dyx" if o == "dscale" else "dy") for o in rp.outputs]
 
+    def store_sums(self, g, mode, cond, key, prefix):
+        """Where ``cond``: store the sums ``{prefix}{q}`` of reduction ``key``: ``"partial"`` to this split's
+        float32 workspace slot, ``"direct"`` to the outputs (dscale/dshift) in their dtypes."""
+        rp, b = self.rp, self.bp
+        with g.block(f"if {cond}:"):
+            if mode == "partial":
+                for i, q in enumerate(self.Q):
+                    g(f"st1_f32(wp, {rp.ws_offset} + (sp_ * {rp.keys} + {key}) * {rp.nq} + {i}, {prefix}{q})")
+            else:
+                for o, q in zip(rp.outputs, self.Q):
+                    g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, {key}, {prefix}{q})")
+
     def ptypes(self):
         b = self.bp
         return (_ptr_type(b.dy_dtype), _ptr_type(b.x_dtype), _ptr_type(b.scale_dtype), "float32", "float32",
                 _ptr_type(b.x_dtype), "float32", _ptr_type(b.dscale_dtype), _ptr_type(b.dshift_dtype))
-
-    def smem(self, g, name, n):
-        g.decls.append(f"{name} = cuda.shared.array({n}, F32T)")
-        self.shared += 4 * n
-
-    def prologue(self, g, name):
-        g(f"def {name}({BPARAMS}):")
-        g.ind += 1
-        g("tid = I64(cuda.threadIdx.x)")
-        g("bid = I64(cuda.blockIdx.x)")
-        g.mark_decls()
 
     # ------------------------------------------------------------------------------------------------
     # element values
@@ -191,7 +194,7 @@ class _Red:
 
     def inner_kernel(self, mode):
         """mode: ``fused`` (dx, one kernel), ``partial``, ``finish`` (dx split), ``direct`` (param, one kernel)."""
-        rp, b, V = self.rp, self.bp, self.V
+        rp, V = self.rp, self.V
         S, TPR, RPC = rp.splits, rp.tpr, rp.rows_per_cta
         NC = rp.reduced // V
         g = _Src()
@@ -247,13 +250,9 @@ class _Red:
             for i, q in enumerate(self.Q):
                 self.reduce_sum(g, f"a_{q}", f"{i}")
         if mode == "partial":
-            with g.block("if lane == 0:"):
-                for i, q in enumerate(self.Q):
-                    g(f"st1_f32(wp, {W} + (sp_ * {rp.keys} + kb) * {rp.nq} + {i}, a_{q})")
+            self.store_sums(g, mode, "lane == 0", "kb", "a_")
         elif mode == "direct":
-            with g.block("if lane == 0 and rv:"):
-                for o, q in zip(rp.outputs, self.Q):
-                    g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, kb, a_{q})")
+            self.store_sums(g, mode, "lane == 0 and rv", "kb", "a_")
         else:  # fused / finish: the dx pass over this CTA's slice of the row
             n = float(rp.reduced)
             g(f"c1 = a_{self.Q[0]} / F32({n!r})")
@@ -271,7 +270,7 @@ class _Red:
     # outer: lanes along the kept innermost axis (columns), rows over y-threads
 
     def outer_kernel(self, mode):
-        rp, b, V = self.rp, self.bp, self.V
+        rp, V = self.rp, self.V
         S, T, RY = rp.splits, rp.tile, rp.ry
         blk = self.inner
         CB = blk.size
@@ -351,14 +350,8 @@ class _Red:
                         g(f"t_{q} = t_{q} + sQ_{q}[k * {T} + lc]")
                 g(f"gok = tile * {T} + lc < {CB}")
                 g(f"gk = {gkey}")
-                if mode == "partial":
-                    with g.block("if gok:"):
-                        for i, q in enumerate(self.Q):
-                            g(f"st1_f32(wp, {W} + (sp_ * {rp.keys} + gk) * {rp.nq} + {i}, t_{q})")
-                elif mode == "direct":
-                    with g.block("if gok:"):
-                        for o, q in zip(rp.outputs, self.Q):
-                            g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, gk, t_{q})")
+                if mode in ("partial", "direct"):
+                    self.store_sums(g, mode, "gok", "gk", "t_")
                 else:
                     for q in self.Q:
                         g(f"sT_{q}[lc] = t_{q}")

@@ -170,7 +170,27 @@ def _chan(g, n, m, m2, on, om, om2):
     g(f"{n} = {nn}")
 
 
-class _Kernel:
+class _Emitter:
+    """What every kernel generator (forward here, backward in :mod:`normc.lowering.backward`) shares: the
+    kernel prologue (signature ``params``, thread and block index, the place shared arrays are declared) and
+    float32 shared-memory declarations, counted in ``self.shared`` (bytes)."""
+
+    params = PARAMS
+    shared = 0
+
+    def smem(self, g, name, n):
+        g.decls.append(f"{name} = cuda.shared.array({n}, F32T)")
+        self.shared += 4 * n
+
+    def prologue(self, g, name):
+        g(f"def {name}({self.params}):")
+        g.ind += 1
+        g("tid = I64(cuda.threadIdx.x)")
+        g("bid = I64(cuda.blockIdx.x)")
+        g.mark_decls()
+
+
+class _Kernel(_Emitter):
     """Shared helpers for the inner and outer generators."""
 
     def __init__(self, plan):
@@ -206,9 +226,22 @@ class _Kernel:
             g(f"wm{j} = wm{j} + dd * rc")
             g(f"wq{j} = wq{j} + dd * ({nm} - wm{j})")
 
-    def smem(self, g, name, n):
-        g.decls.append(f"{name} = cuda.shared.array({n}, F32T)")
-        self.shared += 4 * n
+    def stream_loads(self, g, U, step, valid, clamp, offsets, x_at, prefixes):
+        """U loads of one streaming-loop trip (inside ``for base in range(...)``): index ``base + u * step``,
+        condition ``valid(index)``, offsets of the index clamped to ``clamp`` (always in bounds, so a masked
+        lane still forms a legal address), x at ``x_at(offsets)``. All U loads are issued before any value is
+        used. ``prefixes`` names the index and clamped-index variables. Returns [(names, offsets, ok, index)]."""
+        items = []
+        for u in range(U):
+            i, ok, ic = g.new(prefixes[0]), g.new("ok"), g.new(prefixes[1])
+            g(f"{i} = base + {u * step}")
+            g(f"{ok} = {valid(i)}")
+            g(f"{ic} = min({i}, {clamp})")
+            o = offsets(g, ic)
+            names = [g.new("x") for _ in range(self.V)]
+            self.load_x(g, names, x_at(o), ok)
+            items.append((names, o, ok, i))
+        return items
 
     def load_x(self, g, names, off, ok):
         """Emit loading V x-values at element offset ``off`` into ``names`` (zeros when not ``ok``).
@@ -397,13 +430,6 @@ class _Inner(_Kernel):
                 g("st1_f32(rp, mb, rstd)")
 
     # kernels -------------------------------------------------------------------------------------------
-    def prologue(self, g, name):
-        g(f"def {name}({PARAMS}):")
-        g.ind += 1
-        g("tid = I64(cuda.threadIdx.x)")
-        g("bid = I64(cuda.blockIdx.x)")
-        g.mark_decls()
-
     def persistent(self):
         """x held in registers: each row's values are loaded once, reduced (two passes over registers), then
         normalized and stored. With ``plan.cluster`` = C > 1 a row is spread over the C CTAs of a cluster:
@@ -514,17 +540,9 @@ class _Inner(_Kernel):
     def load_trip(self, g, hi, TPR, U):
         """One trip of a streaming loop over a row (inside ``for base in range(..., TPR * U)``): U vectors
         ``base + u * TPR`` loaded before any is used (masked past ``hi``). Returns [(names, offsets, ok)]."""
-        items = []
-        for u in range(U):
-            c, ok, cc = g.new("c"), g.new("ok"), g.new("cc")
-            g(f"{c} = base + {u * TPR}")
-            g(f"{ok} = {c} < {hi}")
-            g(f"{cc} = min({c}, {hi} - 1)")
-            o = self.chunk_offsets(g, cc)
-            names = [g.new("x") for _ in range(self.V)]
-            self.load_x(g, names, f"xb + {o['x']}", ok)
-            items.append((names, o, ok))
-        return items
+        items = self.stream_loads(g, U, TPR, lambda c: f"{c} < {hi}", f"{hi} - 1", self.chunk_offsets,
+                                  lambda o: f"xb + {o['x']}", ("c", "cc"))
+        return [(names, o, ok) for names, o, ok, _ in items]
 
     def _welford_loop(self, g, lo, hi, TPR):
         """Per-thread Welford over vectors [lo, hi) of the row, LOOP vectors per trip; V accumulators."""
@@ -679,11 +697,7 @@ class _Outer(_Kernel):
 
     def setup(self, g, name, splits=None):
         p = self.p
-        g(f"def {name}({PARAMS}):")
-        g.ind += 1
-        g("tid = I64(cuda.threadIdx.x)")
-        g("bid = I64(cuda.blockIdx.x)")
-        g.mark_decls()
+        self.prologue(g, name)
         g(f"cx = tid % {p.nxc}")
         g(f"ry = tid // {p.nxc}")
         # Conditions known at generation time are emitted as the literal True (no branch in the kernel:
@@ -785,17 +799,9 @@ class _Outer(_Kernel):
         """One trip of a streaming loop over rows (inside ``for base in range(r0 + ry, r1, RY * U)``): U rows
         ``base + u * RY`` of this thread's V columns, loaded before any is used. Returns
         [(names, row offsets, load condition (row and column valid), row condition (row valid))]."""
-        items = []
-        for u in range(U):
-            r, ok, rc = g.new("rw"), g.new("ok"), g.new("rcl")
-            g(f"{r} = base + {u * self.p.ry}")
-            g(f"{ok} = cok & ({r} < r1)")
-            g(f"{rc} = min({r}, {self.RR - 1})")
-            ro = self.row_offsets(g, rc)
-            names = [g.new("x") for _ in range(self.V)]
-            self.load_x(g, names, f"xb + {self.co['x']} + {ro['x']}", ok)
-            items.append((names, ro, ok, f"act and {r} < r1"))
-        return items
+        items = self.stream_loads(g, U, self.p.ry, lambda r: f"cok & ({r} < r1)", self.RR - 1, self.row_offsets,
+                                  lambda ro: f"xb + {self.co['x']} + {ro['x']}", ("rw", "rcl"))
+        return [(names, ro, ok, f"act and {r} < r1") for names, ro, ok, r in items]
 
     def emit_cta_combine(self, g):
         """Merge the y-threads' partials per column; thread lc < tile ends with column stats (n, mean, m2)."""
@@ -1101,11 +1107,7 @@ class _Outer(_Kernel):
         U = LOOP_UNROLL
         self.shared = 0
         g = _Src()
-        g("def normc_outer_stats(xp, op, sp, hp, mp, rp, wp):")
-        g.ind += 1
-        g("tid = I64(cuda.threadIdx.x)")
-        g("bid = I64(cuda.blockIdx.x)")
-        g.mark_decls()
+        self.prologue(g, "normc_outer_stats")
         g(f"slc = bid % {NS}")
         g(f"t2 = bid // {NS}")
         g(f"tile = t2 % {self.NT}")

@@ -23,6 +23,16 @@ _FILTERS = (
     "ignore:invalid value encountered in scalar divide:RuntimeWarning",
 )
 
+# Specs shared by the simulator tests of the forward (test_sim.py) and backward (test_backward.py) kernels.
+LN = "t d : norm over d ; scale d ; shift d"
+RMS_TEXT = "t d : rms over d ; scale d"
+IN1 = "n c l : norm over l ; scale c ; shift c"
+IN2 = "n c h w : norm over h w ; scale c ; shift c"
+IN3 = "n c d h w : norm over d h w ; scale c ; shift c"
+BN = "n c h w : norm over n h w ; scale c ; shift c"
+GN = "n (g k) h w : norm over k h w ; scale g k ; shift g k"
+NHWC = [0, 2, 3, 1]  # memory order of a logical (n c h w) array stored n h w c
+
 
 def pytest_configure(config):
     for f in _FILTERS:

@@ -14,18 +14,11 @@ import numpy as np
 import pytest
 
 import normc
-from conftest import make_param, make_x, memory_order, np_dtype, rel_err
+from conftest import BN, GN, IN1, IN2, IN3, LN, NHWC, RMS_TEXT, make_param, make_x, memory_order, np_dtype, rel_err
 from normc.runtime.backward import plan_backward
 
-LN = "t d : norm over d ; scale d ; shift d"
-RMS = normc.spec("t d : rms over d ; scale d", eps=1e-6)
-IN1 = "n c l : norm over l ; scale c ; shift c"
-IN2 = "n c h w : norm over h w ; scale c ; shift c"
-IN3 = "n c d h w : norm over d h w ; scale c ; shift c"
-BN = "n c h w : norm over n h w ; scale c ; shift c"
+RMS = normc.spec(RMS_TEXT, eps=1e-6)
 BN1 = "n c : norm over n ; scale c ; shift c"
-GN = "n (g k) h w : norm over k h w ; scale g k ; shift g k"
-NHWC = [0, 2, 3, 1]
 NDHWC = [0, 2, 3, 4, 1]
 
 # max|err| / max(max|ref|, 1) by the dtype of the array compared. float32: float32 sums of a few hundred

@@ -15,6 +15,14 @@ from hypothesis import strategies as st
 
 import normc
 from conftest import (
+    BN,
+    GN,
+    IN1,
+    IN2,
+    IN3,
+    LN,
+    NHWC,
+    RMS_TEXT,
     STAT_TOL,
     check_stats,
     check_y,
@@ -27,15 +35,7 @@ from conftest import (
     rel_err,
 )
 
-LN = "t d : norm over d ; scale d ; shift d"
-RMS = normc.spec("t d : rms over d ; scale d", eps=1e-6)
-IN1 = "n c l : norm over l ; scale c ; shift c"
-IN2 = "n c h w : norm over h w ; scale c ; shift c"
-IN3 = "n c d h w : norm over d h w ; scale c ; shift c"
-BN = "n c h w : norm over n h w ; scale c ; shift c"
-GN = "n (g k) h w : norm over k h w ; scale g k ; shift g k"
-
-NHWC = [0, 2, 3, 1]  # memory order of a logical (n c h w) array stored n h w c
+RMS = normc.spec(RMS_TEXT, eps=1e-6)
 
 
 def _spec(s, **sizes):
