@@ -106,6 +106,7 @@ class ReducePlan:
         return self.splits * self.keys * self.nq if self.splits > 1 else 0
 
     def describe(self) -> str:
+        """One line: what this reduction computes (dx or dscale/dshift), its axes (S summed, K kept) and tiling."""
         ax = " ".join(f"[{a.size}{'S' if a.reduced else 'K'} x:{a.x}]" for a in self.axes)
         what = "dx" if self.role == "dx" else "+".join(self.outputs)
         if self.strategy == "inner":
@@ -171,6 +172,7 @@ class FusedPlan:
         return len(self.lane_outputs) * self.grid * self.lane_params + self.keys * self.row_nq
 
     def describe(self) -> str:
+        """One line: the fused kernel's tiling (lanes, vectors, rows per CTA, grid) and its partial workspace."""
         parts = [f"fused dx: {self.tpr} lanes x {self.per} vectors x {self.vec} per row (x, dy read once), "
                  f"{self.rows_per_cta} rows/CTA at a time, {self.groups_per_cta} row groups per CTA, grid={self.grid} "
                  f"block={self.threads}, scale {self.scale_mode}"]
@@ -229,6 +231,7 @@ class BackwardPlan:
         return d
 
     def to_json(self) -> str:
+        """JSON text of :meth:`to_dict` (plain data: reductions, fused tiling, dtypes, workspace size)."""
         return json.dumps(self.to_dict(), indent=1)
 
     def describe(self) -> str:
