@@ -35,6 +35,30 @@ TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 LOOP_UNROLL = 4
 PARAMS = "xp, op, sp, hp, mp, rp, wp"
 
+# Power-of-two scaling of the statistics (issue 5). Squares are taken in float32, so |x - pivot| above about
+# 1.8e19 (sqrt(FLT_MAX)) overflows the variance. float16 cannot get there (65504^2 fits easily); bfloat16
+# has float32's exponent range, so its values can (up to 3.4e38). For x dtypes in SCALED_DTYPES, each
+# reduction's statistics are accumulated over x * scl - pivot * scl, with scl a power of two chosen from
+# |pivot|: the products are exact (only the exponent changes), so every sum rounds as the unscaled sum would,
+# scaled. scl steps by 2^-32 (SCALE_STEPS: |pivot| >= 2^32, 2^64, 2^96), so |pivot * scl| < 2^32: a
+# reduction of n values up to C times its pivot's magnitude stays finite while (C + 1) * sqrt(n) < 2^32
+# (C ~ 2^16 for n = 2^31). |pivot| < 2^32 keeps scl = 1 (NaN too): those reductions compute bit for bit
+# what they computed unscaled, with the unscaled headroom (|x - pivot| * sqrt(n) < 2^64). A pivot of +-Inf
+# gives scl = 2^-96 and pivot * scl = +-Inf: the reduction is NaN, as unscaled. Cost: a few
+# compare-and-selects per reduction (per column for outer/mixed), none per element for norm (x * scl - pvs
+# is one FMA, as x - pv was one add), one multiply per element of the sum of squares for rms.
+# float32 inputs are not scaled: measured on the float32 anchors, scaling cost +4 to +8 registers per thread
+# in inner-persistent and outer-split kernels (e.g. 64 -> 72, 46 -> 54), for inputs beyond 1.8e19.
+SCALED_DTYPES = ("bfloat16",)
+SCALE_STEPS = tuple((2.0**k, 2.0**-k) for k in (32, 64, 96))
+# Floor of eps * scl^2 (eps > 0): for scl = 2^-96, eps * scl^2 underflows to 0, and a constant reduction
+# (scaled variance exactly 0) would get rsqrt(0) = inf and y = 0 * inf = NaN. max(eps * scl^2, FLT_MIN)
+# keeps its scaled rstd finite, so y = 0 * a + b = shift as unscaled (its written rstd is 1/sqrt(eps): see
+# emit_scaled_rstd). The floor changes nothing else: it is eps * scl^2 whenever that is a normal float
+# (scl = 1 keeps any eps >= FLT_MIN exactly), and FLT_MIN is below 2^-49 of the smallest non-zero scaled
+# variance of a scaled reduction (|pivot * scl| >= 1, a deviation >= one float32 ulp of it, n <= 2^31).
+FLT_MIN = 2.0**-126
+
 
 @dataclass(frozen=True)
 class KernelSource:
@@ -199,11 +223,49 @@ class _Kernel(_Emitter):
         self.xt = TAG[plan.x_dtype]
         self.ot = TAG[plan.out_dtype]
         self.shared = 0
+        # statistics over power-of-two scaled values (SCALED_DTYPES); other dtypes' sources are unchanged
+        self.scaled = plan.x_dtype in SCALED_DTYPES
 
     def ptypes(self):
         p = self.p
         return (_ptr_type(p.x_dtype), _ptr_type(p.out_dtype), _ptr_type(p.scale_dtype),
                 _ptr_type(p.shift_dtype), "float32", "float32", "float32")
+
+    def emit_scale(self, g, pv, scl, iscl=None):
+        """Emit ``scl``, the power of two the statistics of a reduction with pivot ``pv`` are scaled by
+        (SCALE_STEPS: 1 for |pv| < 2^32, NaN included), and ``iscl`` = 1 / scl (exact) when named."""
+        av = g.new("av")
+        g(f"{av} = abs({pv})")
+        g(f"{scl} = F32(1.0)")
+        if iscl:
+            g(f"{iscl} = F32(1.0)")
+        for lim, sv in SCALE_STEPS:
+            big = g.new("big")
+            g(f"{big} = {av} >= F32({lim!r})")
+            g(f"{scl} = sel({big}, F32({sv!r}), {scl})")
+            if iscl:
+                g(f"{iscl} = sel({big}, F32({lim!r}), {iscl})")
+
+    def eps_scaled(self, scl):
+        """Expression of eps * scl^2, the eps of the scaled variance (floored at FLT_MIN when eps > 0)."""
+        eps = self.p.eps
+        if eps == 0:
+            return "F32(0.0)"
+        return f"max(F32({eps!r}) * {scl} * {scl}, F32({FLT_MIN!r}))"
+
+    def emit_scaled_rstd(self, g, var, scl):
+        """Scaled statistics -> ``ra`` (the factor y applies to scaled deviations: rstd / scl) and ``rstd``
+        (unscaled, what is written), from ``var``, the variance (norm) or mean square (rms) of the values
+        times ``scl``. rms applies the unscaled rstd (|x * rstd| <= sqrt(n) cannot overflow), so it needs
+        only ``rstd``. For norm, rstd = ra * scl except for a constant reduction (var == 0: ra is only
+        finite through the FLT_MIN floor), whose rstd is 1/sqrt(eps) (inf for eps = 0), as unscaled."""
+        p = self.p
+        if p.stat == "rms":
+            g(f"rstd = rsqrt({var} + {self.eps_scaled(scl)}) * {scl}")
+            return
+        g(f"v = {var}")
+        g(f"ra = rsqrt(v + {self.eps_scaled(scl)})")
+        g(f"rstd = sel(v == F32(0.0), rsqrt(F32({p.eps!r})), ra * {scl})")
 
     def acc_init(self, g):
         """Zero the per-thread accumulators: a shared count and V (mean, M2) pairs."""
@@ -308,10 +370,15 @@ class _Inner(_Kernel):
         cs = _coords(g, r, self.kep, "k")
         for t, nm in (("x", "xb"), ("out", "ob"), ("scale", "sb"), ("shift", "hb"), ("stat", "mb")):
             g(f"{nm} = I64({_offset(cs, self.kep, t)})")
-        if p.stat == "norm":
+        if p.stat == "norm" or self.scaled:
             # Pivot: the row's first value. Statistics are accumulated over x - pivot, so a row whose mean is
             # large against its spread (mean 1e4 x std) loses no digits to cancellation (shifted data).
             g(f"pv = ld1_{self.xt}(xp, xb)")
+        if self.scaled:
+            # scaled dtypes: x * scl - pivot * scl (exact products) instead, scl from the pivot (SCALED_DTYPES)
+            self.emit_scale(g, "pv", "scl", "iscl" if p.stats else None)
+            if p.stat == "norm":
+                g("pvs = pv * scl")
 
     def chunk_offsets(self, g, c):
         """Offsets (x, out, scale, shift) of vector ``c`` of a row, relative to the row bases."""
@@ -332,9 +399,9 @@ class _Inner(_Kernel):
         """a, b such that y = (x - mean)*a + b, folding per-row (kept-only) scale/shift.
 
         Subtracting the mean before scaling (rather than y = x*a' + b' with b' = shift - mean*a') keeps
-        constant rows exact: y == shift."""
+        constant rows exact: y == shift. Scaled norm: y = (x*scl - mean)*a + b, mean and a scaled."""
         var = self.params_for_row()
-        g("a = rstd")
+        g("a = ra" if self.scaled and self.p.stat == "norm" else "a = rstd")
         g("b = F32(0.0)")
         if var["scale"] is False:
             g("sv = ld1_%s(sp, sb)" % TAG[self.p.scale_dtype])
@@ -343,12 +410,15 @@ class _Inner(_Kernel):
             g("b = b + ld1_%s(hp, hb)" % TAG[self.p.shift_dtype])
         return var
 
-    def emit_normalize_vec(self, g, xs, offs, var, ok="True"):
+    def emit_normalize_vec(self, g, xs, offs, var, ok="True", raw=False):
+        """Normalize and store V values ``xs``: the shifted (and scaled) registers of the persistent kernel,
+        or x as loaded (``raw``: scaled norm multiplies it by scl first; an exact product, one FMA)."""
         V = self.V
         inner = self.inner
         ys = [g.new("y") for _ in range(V)]
+        xsc = " * scl" if raw and self.scaled and self.p.stat == "norm" else ""
         for j in range(V):
-            g(f"{ys[j]} = ({xs[j]} - mean) * a + b")
+            g(f"{ys[j]} = ({xs[j]}{xsc} - mean) * a + b")
         if var["scale"]:
             sc = self.load_param(g, "scale", f"sb + {offs['scale']}", inner.scale, self.p.scale_vec, V)
             for j in range(V):
@@ -417,8 +487,23 @@ class _Inner(_Kernel):
 
     def finish_stats(self, g, write_cond, shifted=False):
         """rstd from (n, m2) or q; write mean and rstd where ``write_cond``. ``shifted``: ``mean`` is of
-        x - pv (the persistent kernel keeps its registers shifted); the true mean pv + mean is written."""
+        x - pv (the persistent kernel keeps its registers shifted); the true mean pv + mean is written.
+        Scaled dtypes: the statistics are of values times scl; ``ra`` = rstd / scl is what normalizes them
+        (norm), and the written mean and rstd are unscaled."""
         p = self.p
+        if self.scaled:
+            if p.stat == "norm":
+                self.emit_scaled_rstd(g, "m2 / n", "scl")
+                wmean = "(mean + pvs) * iscl" if shifted else "mean * iscl"
+            else:
+                self.emit_scaled_rstd(g, f"q / F32({float(p.reduced)!r})", "scl")
+                g("mean = F32(0.0)")
+                wmean = "mean"
+            if p.stats:
+                with g.block(f"if {write_cond}:"):
+                    g(f"st1_f32(mp, mb, {wmean})")
+                    g("st1_f32(rp, mb, rstd)")
+            return
         if p.stat == "norm":
             g(f"rstd = rsqrt(m2 / n + F32({p.eps!r}))")
         else:
@@ -486,7 +571,8 @@ class _Inner(_Kernel):
                     masks[ok] = g.new("mk")
                     g(f"{masks[ok]} = F32({ok})")
                 for nm in names:
-                    g(f"{nm} = {nm} - pv" if ok == "True" else f"{nm} = ({nm} - pv) * {masks[ok]}")
+                    d = f"{nm} * scl - pvs" if self.scaled else f"{nm} - pv"
+                    g(f"{nm} = {d}" if ok == "True" else f"{nm} = ({d}) * {masks[ok]}")
             g(f"n = F32({float(p.reduced)!r})")
             g("s = F32(0.0)")
             for names in xs:
@@ -508,7 +594,8 @@ class _Inner(_Kernel):
             g("q = F32(0.0)")
             for names in xs:
                 for nm in names:
-                    g(f"q = q + {nm} * {nm}")
+                    # scaled: the registers stay unscaled (y uses the unscaled rstd), only the squares see scl
+                    g(f"q = q + ({nm} * scl) * ({nm} * scl)" if self.scaled else f"q = q + {nm} * {nm}")
             self.reduce_sum(g, "q", "a")
             if C > 1:
                 self.cluster_sum(g, "q", 1)
@@ -552,7 +639,7 @@ class _Inner(_Kernel):
             for names, _, ok in self.load_trip(g, hi, TPR, U):
                 with g.block(f"if {ok}:"):
                     for nm in names:
-                        g(f"{nm} = {nm} - pv")
+                        g(f"{nm} = {nm} * scl - pvs" if self.scaled else f"{nm} = {nm} - pv")
                     self.acc_update(g, names)
         # merge the V lane accumulators (each has count cnt); mean is of x - pv
         g("n = cnt")
@@ -568,14 +655,14 @@ class _Inner(_Kernel):
         with g.block(f"for base in range({lo} + lane, {hi}, {TPR * U}):"):
             for names, _, _ in self.load_trip(g, hi, TPR, U):  # masked lanes load 0
                 for nm in names:
-                    g(f"q = q + {nm} * {nm}")
+                    g(f"q = q + ({nm} * scl) * ({nm} * scl)" if self.scaled else f"q = q + {nm} * {nm}")
 
     def _normalize_loop(self, g, lo, hi, TPR):
         var = self.emit_row_affine(g)
         U = LOOP_UNROLL  # vectors loaded before any is stored: independent loads in flight
         with g.block(f"for base in range({lo} + lane, {hi}, {TPR * U}):"):
             for names, o, ok in self.load_trip(g, hi, TPR, U):
-                self.emit_normalize_vec(g, names, o, var, ok)
+                self.emit_normalize_vec(g, names, o, var, ok, raw=True)
 
     def looped(self):
         p = self.p
@@ -587,7 +674,10 @@ class _Inner(_Kernel):
         if p.stat == "norm":
             self._welford_loop(g, "0", str(self.NC), self.TPR)
             self.reduce_triple(g, "n", "mean", "m2", "a")
-            g("mean = mean + pv  # the loop accumulated x - pv")
+            if self.scaled:
+                g("mean = mean + pvs  # the loop accumulated x * scl - pv * scl: mean is scaled")
+            else:
+                g("mean = mean + pv  # the loop accumulated x - pv")
         else:
             self._sumsq_loop(g, "0", str(self.NC), self.TPR)
             self.reduce_sum(g, "q", "a")
@@ -644,7 +734,10 @@ class _Inner(_Kernel):
                 g("m2 = m2 + pq")
         if p.stat == "norm":
             self.reduce_triple(g, "n", "mean", "m2", "b")
-            g("mean = mean + pv  # the partials are of x - pv")
+            if self.scaled:
+                g("mean = mean + pvs  # the partials are of x * scl - pv * scl: mean is scaled")
+            else:
+                g("mean = mean + pv  # the partials are of x - pv")
         else:
             g("q = m2")
             self.reduce_sum(g, "q", "b")
@@ -721,7 +814,7 @@ class _Outer(_Kernel):
         g("cok = True" if self.static_cok else f"cok = act & (col < {self.CB})")
         g(f"colc = min(col, {self.CB - self.V})")
         self.co = self.col_offsets(g, "colc")
-        if p.stat == "norm":
+        if p.stat == "norm" or self.scaled:  # scaled rms: the pivots pick the scales
             self.emit_pivots(g)
         RS = -(-self.RR // S)
         g(f"r0 = sp_ * {RS}")
@@ -756,7 +849,10 @@ class _Outer(_Kernel):
         with g.block(f"for base in range(r0 + ry, r1, {p.ry * U}):"):
             for names, _, _, row_ok in self.load_rows_trip(g, U):
                 with g.block(f"if {row_ok}:"):
-                    if p.stat == "norm":
+                    if self.scaled:
+                        for j, nm in enumerate(names):
+                            g(f"{nm} = {nm} * scl{j} - pvs{j}" if p.stat == "norm" else f"{nm} = {nm} * scl{j}")
+                    elif p.stat == "norm":
                         for j, nm in enumerate(names):
                             g(f"{nm} = {nm} - pv{j}")
                     self.acc_update(g, names, rms=p.stat == "rms")
@@ -764,7 +860,23 @@ class _Outer(_Kernel):
     def emit_pivots(self, g):
         """Per-column pivots pv0..pv{V-1}: the value of the column in the reduction's first row (mixed: of
         the first column of the column's group, so a group shares one). Statistics accumulate x - pivot, so
-        columns whose mean is large against their spread keep their digits."""
+        columns whose mean is large against their spread keep their digits. Scaled dtypes: also each
+        column's scale scl{j} and pvs{j} = pv{j} * scl{j} (a group shares them, as it shares its pivot)."""
+        self.emit_pivot_loads(g)
+        if not self.scaled:
+            return
+        V = self.V
+        shared = self.p.strategy == "mixed" and self.G % V == 0
+        for j in range(1 if shared else V):
+            self.emit_scale(g, f"pv{j}", f"scl{j}")
+            if self.p.stat == "norm":
+                g(f"pvs{j} = pv{j} * scl{j}")
+        for j in range(1, V if shared else 1):
+            g(f"scl{j} = scl0")
+            if self.p.stat == "norm":
+                g(f"pvs{j} = pvs0")
+
+    def emit_pivot_loads(self, g):
         V = self.V
         if self.p.strategy == "mixed" and self.G % V == 0:
             # a vector never straddles groups: its V columns share the group's pivot
@@ -787,7 +899,7 @@ class _Outer(_Kernel):
     def emit_pivot_table(self, g):
         """sPv[column] = that column's pivot (written by the y-thread 0 of each x-thread; read after a barrier)."""
         p, V, T = self.p, self.V, self.p.tile
-        if p.stat != "norm":
+        if p.stat != "norm" and not self.scaled:
             return
         self.smem(g, "sPv", T)
         with g.block("if act and ry == 0:"):
@@ -862,15 +974,19 @@ class _Outer(_Kernel):
                     else:
                         g("n = n + sCn[" + c + "]")
                         g(f"m2 = m2 + sCq[{c}]")
-                if p.stat == "norm":
-                    g(f"mean = mean + sPv[gi * {self.G}]  # the partials are of x - the group's pivot")
-                self.emit_rstd(g)
+                if self.scaled:
+                    wmean = self.emit_col_stats_scaled(g, f"sPv[gi * {self.G}]")
+                else:
+                    if p.stat == "norm":
+                        g(f"mean = mean + sPv[gi * {self.G}]  # the partials are of x - the group's pivot")
+                    self.emit_rstd(g)
+                    wmean = "mean"
                 if p.stats:
                     gst = self.block[0].stat
                     with g.block(f"if sp_ == 0 and tile * {self.NG} + gi < {self.block[0].size}:"):
-                        g(f"st1_f32(mp, mb + (tile * {self.NG} + gi) * {gst}, mean)")
+                        g(f"st1_f32(mp, mb + (tile * {self.NG} + gi) * {gst}, {wmean})")
                         g(f"st1_f32(rp, mb + (tile * {self.NG} + gi) * {gst}, rstd)")
-                g("sGa[gi] = rstd")
+                g("sGa[gi] = ra" if self.scaled and p.stat == "norm" else "sGa[gi] = rstd")
                 g("sGb[gi] = mean")
             g("cuda.syncthreads()")
             g(f"for lc in range(tid, {T}, {p.threads}):")
@@ -879,15 +995,19 @@ class _Outer(_Kernel):
             g(f"c = sGb[lc // {self.G}]")
             g("b = F32(0.0)")
         else:
-            if p.stat == "norm":
-                g("mean = mean + sPv[lc]  # the partials are of x - the column's pivot")
-            self.emit_rstd(g)
+            if self.scaled:
+                wmean = self.emit_col_stats_scaled(g, "sPv[lc]")
+            else:
+                if p.stat == "norm":
+                    g("mean = mean + sPv[lc]  # the partials are of x - the column's pivot")
+                self.emit_rstd(g)
+                wmean = "mean"
             if p.stats:
                 with g.block(f"if sp_ == 0 and tile * {T} + lc < {self.CB}:"):
                     so = self.block[0].stat
-                    g(f"st1_f32(mp, mb + (tile * {T} + lc) * {so}, mean)")
+                    g(f"st1_f32(mp, mb + (tile * {T} + lc) * {so}, {wmean})")
                     g(f"st1_f32(rp, mb + (tile * {T} + lc) * {so}, rstd)")
-            g("a = rstd")
+            g("a = ra" if self.scaled and p.stat == "norm" else "a = rstd")
             g("c = mean")
             g("b = F32(0.0)")
         if fold:
@@ -909,6 +1029,21 @@ class _Outer(_Kernel):
         if p.shift_dtype is not None:
             g(f"b = b + ld1_{TAG[p.shift_dtype]}(hp, hb + {co['shift']})")
 
+    def emit_col_stats_scaled(self, g, pv):
+        """Scaled dtypes: emit_rstd for a column (or group) whose merged partials (n, mean, m2) are of
+        x * scl - pv * scl. ``pv`` is its pivot: the scale is recomputed from it, as the accumulating kernel
+        chose it. Leaves ``mean`` (norm: the scaled mean, which y subtracts from x * scl; rms: 0), ``ra`` and
+        ``rstd`` (see emit_scaled_rstd); returns the expression of the unscaled mean to write."""
+        p = self.p
+        self.emit_scale(g, pv, "cscl", "ciscl" if p.stats and p.stat == "norm" else None)
+        if p.stat == "rms":
+            self.emit_scaled_rstd(g, f"m2 / F32({float(p.reduced)!r})", "cscl")
+            g("mean = F32(0.0)")
+            return "mean"
+        g(f"mean = mean + {pv} * cscl  # the partials are of x * scl - pivot * scl")
+        self.emit_scaled_rstd(g, "m2 / max(n, F32(1.0))", "cscl")
+        return "mean * ciscl"
+
     def emit_rstd(self, g):
         p = self.p
         if p.stat == "norm":
@@ -925,10 +1060,15 @@ class _Outer(_Kernel):
             g(f"nb{j} = sB[min(cx * {V} + {j}, {p.tile - 1})]")
             g(f"nc{j} = sC[min(cx * {V} + {j}, {p.tile - 1})]")
 
+        # scaled norm: the streaming kernels re-read x and scale it (exact products, one FMA); the persistent
+        # kernel's registers already hold x * scl - pv * scl
+        raw_scl = self.scaled and p.stat == "norm" and p.schedule != "persistent"
+
         def body(names, ro, ok="True"):
             ys = [g.new("y") for _ in range(V)]
             for j in range(V):
-                g(f"{ys[j]} = ({names[j]} - nc{j}) * na{j} + nb{j}")
+                xj = f"{names[j]} * scl{j}" if raw_scl else names[j]
+                g(f"{ys[j]} = ({xj} - nc{j}) * na{j} + nb{j}")
             if not fold:
                 blk = self.block
                 for w in ("scale", "shift"):
@@ -1021,7 +1161,8 @@ class _Outer(_Kernel):
                     masks[ok] = g.new("mk")
                     g(f"{masks[ok]} = F32({ok})")
                 for j, nm in enumerate(names):
-                    g(f"{nm} = {nm} - pv{j}" if ok == "True" else f"{nm} = ({nm} - pv{j}) * {masks[ok]}")
+                    d = f"{nm} * scl{j} - pvs{j}" if self.scaled else f"{nm} - pv{j}"
+                    g(f"{nm} = {d}" if ok == "True" else f"{nm} = ({d}) * {masks[ok]}")
             self.emit_pivot_table(g)
             for j in range(V):
                 g(f"u{j} = " + " + ".join(names[j] for _, names, _ in self.px))
@@ -1045,6 +1186,12 @@ class _Outer(_Kernel):
                     d2 = f"({names[j]} - mu{j}) * ({names[j]} - mu{j})"
                     terms.append(d2 if ok == "True" else f"{d2} * {masks[ok]}")
                 g(f"q{j} = " + " + ".join(terms))
+        elif self.scaled:
+            # the registers stay unscaled (y uses the unscaled rstd); only the squares see scl
+            self.emit_pivot_table(g)
+            for j in range(V):
+                g(f"q{j} = " + " + ".join(f"({names[j]} * scl{j}) * ({names[j]} * scl{j})"
+                                          for _, names, _ in self.px))
         else:
             for j in range(V):
                 g(f"q{j} = " + " + ".join(f"{names[j]} * {names[j]}" for _, names, _ in self.px))
@@ -1062,9 +1209,16 @@ class _Outer(_Kernel):
         self.smem(g, "sB", T)
         self.smem(g, "sC", T)
         with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
-            g("mean = sMu[lc]" if p.stat == "norm" else "mean = F32(0.0)")
-            wmean = "mean + sPv[lc]" if p.stat == "norm" else "mean"  # written: the unshifted mean
-            g(f"rstd = rsqrt({qsrc}[lc] / F32({cnt!r}) + F32({p.eps!r}))")
+            if self.scaled:
+                # sMu holds the mean of x * scl - pv * scl; the registers stay shifted, so mean stays scaled
+                g("mean = sMu[lc]" if p.stat == "norm" else "mean = F32(0.0)")
+                self.emit_scale(g, "sPv[lc]", "cscl", "ciscl" if p.stats and p.stat == "norm" else None)
+                self.emit_scaled_rstd(g, f"{qsrc}[lc] / F32({cnt!r})", "cscl")
+                wmean = "(mean + sPv[lc] * cscl) * ciscl" if p.stat == "norm" else "mean"
+            else:
+                g("mean = sMu[lc]" if p.stat == "norm" else "mean = F32(0.0)")
+                wmean = "mean + sPv[lc]" if p.stat == "norm" else "mean"  # written: the unshifted mean
+                g(f"rstd = rsqrt({qsrc}[lc] / F32({cnt!r}) + F32({p.eps!r}))")
             if p.stats:
                 if p.strategy == "mixed":
                     gst = self.block[0].stat
@@ -1078,7 +1232,7 @@ class _Outer(_Kernel):
                     with g.block(f"if sp_ == 0 and tile * {T} + lc < {self.CB}:"):
                         g(f"st1_f32(mp, mb + (tile * {T} + lc) * {so}, {wmean})")
                         g(f"st1_f32(rp, mb + (tile * {T} + lc) * {so}, rstd)")
-            g("a = rstd")
+            g("a = ra" if self.scaled and p.stat == "norm" else "a = rstd")
             g("b = F32(0.0)")
             g("c = mean")
             if not self.rows_vary_params():
@@ -1155,15 +1309,21 @@ class _Outer(_Kernel):
             g("cuda.syncthreads()")
             step //= 2
         with g.block(f"if yy == 0 and tile * {T} + lc < {self.CB}:"):
-            if p.stat == "norm":
+            if self.scaled:
                 co = self.col_offsets(g, f"tile * {T} + lc")
-                g(f"mean = mean + ld1_{self.xt}(xp, xb + {co['x']})  # the partials are of x - the pivot")
-            self.emit_rstd(g)
+                g(f"cpv = ld1_{self.xt}(xp, xb + {co['x']})")
+                wmean = self.emit_col_stats_scaled(g, "cpv")
+            else:
+                if p.stat == "norm":
+                    co = self.col_offsets(g, f"tile * {T} + lc")
+                    g(f"mean = mean + ld1_{self.xt}(xp, xb + {co['x']})  # the partials are of x - the pivot")
+                self.emit_rstd(g)
+                wmean = "mean"
             if p.stats:
                 so = self.block[0].stat
-                g(f"st1_f32(mp, mb + (tile * {T} + lc) * {so}, mean)")
+                g(f"st1_f32(mp, mb + (tile * {T} + lc) * {so}, {wmean})")
                 g(f"st1_f32(rp, mb + (tile * {T} + lc) * {so}, rstd)")
-            g("a = rstd")
+            g("a = ra" if self.scaled and p.stat == "norm" else "a = rstd")
             g("b = F32(0.0)")
             g("c = mean")
             if not self.rows_vary_params():

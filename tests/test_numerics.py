@@ -3,7 +3,8 @@
 The failure modes of normalization kernels in the wild (issue 5, part 1), one test each, over every
 (strategy, schedule) pair the planner can produce: rows whose mean is large next to their spread
 (catastrophic cancellation, negative variance), constant rows, eps = 0, float16/bfloat16 inputs near their
-largest finite value (squares that overflow), reductions of one element and over every axis, and NaN/+-Inf
+largest finite value (squares that overflow; bfloat16 statistics are scaled by a power of two, see
+lowering/codegen.py SCALED_DTYPES), reductions of one element and over every axis, and NaN/+-Inf
 propagation row by row. The contract tested here is the one docs/accuracy.md states.
 
 Shapes are tiny (each simulated CUDA thread is a Python thread); the GPU versions of the large cases (25M
@@ -42,6 +43,13 @@ CASES = {
     "mixed-split": (GN, {"g": 2}, (2, 6, 4, 4), NHWC, "split"),
 }
 NAMES = list(CASES)
+# Persistent schedules over a thread-block cluster (CTAs' partials merged through distributed shared memory;
+# on the simulator a cluster runs as one block), for the tests of code that cluster kernels change.
+CLUSTER_CASES = {
+    "inner-cluster": (LN, {}, (2, 72), None, "cluster"),
+    "outer-cluster": (IN2, {}, (2, 8, 5, 5), NHWC, "cluster"),
+    "mixed-cluster": (GN, {"g": 2}, (2, 8, 4, 4), NHWC, "cluster"),
+}
 # inner-split streams 2 x 512-thread CTAs (~5 s a run on the simulator): it runs in the tests where the
 # split merge is what could break (large/huge means, constants, NaN/Inf, one-element reductions).
 NAMES_NO_INNER_SPLIT = [n for n in NAMES if n != "inner-split"]
@@ -52,22 +60,26 @@ LARGE_MEAN_SHAPES = {
     "mixed-persistent": (1, 4, 12, 12), "mixed-looped": (1, 4, 12, 12), "mixed-split": (1, 4, 12, 12),
 }
 
-# Known kernel bugs (docs/accuracy.md, "Known limits"); the strict xfails turn into failures once fixed.
-BF16_SQUARE_BUG = (
-    "squares of (x - mean) are taken in float32: bfloat16 inputs near the dtype's maximum (|x| ~ 3e38) "
-    "overflow the variance to inf, giving rstd = 0 / NaN and non-finite y (float16 is safe: 65504^2 fits)"
+
+# Known limits (docs/accuracy.md, "Known limits"); the strict xfails turn into failures once fixed.
+FLOAT32_SQUARE_LIMIT = (
+    "float32 inputs are not scaled (lowering/codegen.py SCALED_DTYPES: it would cost registers): squares of "
+    "x - pivot above FLT_MAX (|x - pivot| > 1.8e19) overflow the variance: rstd = 0 and y = shift, or NaN"
+)
+SMALL_PIVOT_LIMIT = (
+    "the scale comes from the reduction's first value (its pivot): a pivot far smaller than the other values "
+    "(here 1.0 before values near 3e38) leaves scl = 1, and their squares overflow as unscaled"
 )
 
 
-def case_param(name, xfail=None):
-    if xfail:
-        return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=xfail), id=name)
-    return pytest.param(name, id=name)
+def case(name):
+    """(spec text, sizes, shape, memory order, schedule) of case ``name`` (CASES or CLUSTER_CASES)."""
+    return CASES[name] if name in CASES else CLUSTER_CASES[name]
 
 
 def per_reduction(name, shape, fill):
     """Values of ``shape`` for case ``name`` where reduction number i holds ``fill(i, n)`` (n: its size)."""
-    text, sizes, _, _, _ = CASES[name]
+    text, sizes, _, _, _ = case(name)
     spec = normc.spec(text, **sizes)
     ax = spec.axis_sizes(shape)
     full = [ax[a] for a in spec.axes]
@@ -82,10 +94,13 @@ def per_reduction(name, shape, fill):
     return v.reshape(shape)
 
 
-def run(name, *, values=None, loc=0.0, std=1.0, dtype="float32", eps=None, shape=None, seed=0, f=None):
+def run(name, *, values=None, loc=0.0, std=1.0, dtype="float32", eps=None, shape=None, seed=0, f=None,
+        stat="norm"):
     """Run case ``name`` on x ~ normal(loc, std) (or ``values``): returns (x, scale, shift, y, mean, rstd,
-    ref_y, ref_mean, ref_rstd, f). Checks the plan is the one the case names."""
-    text, sizes, shp, perm, sched = CASES[name]
+    ref_y, ref_mean, ref_rstd, f). Checks the plan is the one the case names. ``stat="rms"`` runs the
+    case's spec with ``rms`` in place of ``norm`` (same reductions, scale and shift)."""
+    text, sizes, shp, perm, sched = case(name)
+    text = text.replace("norm over", f"{stat} over")
     shape = shp if shape is None else shape
     spec = normc.spec(text, **sizes) if eps is None else normc.spec(text, eps=eps, **sizes)
     rng = np.random.default_rng(seed)
@@ -97,7 +112,10 @@ def run(name, *, values=None, loc=0.0, std=1.0, dtype="float32", eps=None, shape
     y, mean, rstd = f(x, sc, sh, return_stats=True)
     if len(f._table) == 1:
         plan = next(iter(f._table.values())).plan
-        assert f"{plan.strategy}-{plan.schedule}" == name, plan.describe()
+        if name in CASES:
+            assert f"{plan.strategy}-{plan.schedule}" == name, plan.describe()
+        else:
+            assert f"{plan.strategy}-cluster" == name and plan.cluster > 1, plan.describe()
     ry, rm, rr = reference(spec, x, sc, sh)
     return x, sc, sh, y, mean, rstd, ry, rm, rr, f
 
@@ -218,15 +236,92 @@ def test_float16_near_max_rms_and_constant():
     check_stats(mean, rstd, rm, rr)
 
 
-@pytest.mark.parametrize("name", [case_param(n, BF16_SQUARE_BUG) for n in
-                                  ("inner-persistent", "inner-looped", "outer-persistent", "mixed-split")])
-def test_bfloat16_near_max(name):
-    """|x| up to 0.95 * 3.39e38 in bfloat16: the reference is finite (float64); so must normc be."""
-    shape = CASES[name][2]
+def check_near_max_stats(x, mean, rstd, rm, rr):
+    """mean within 1e-5 of max|x| (its float32 sums round at ~2^-24 of the values, not of the mean, which
+    may cancel to ~0), rstd within 1e-4 relative (rstd ~ 1/3e38 is a float32 subnormal: ~22 bits)."""
+    assert mean.dtype == np.float32 and rstd.dtype == np.float32
+    assert np.all(np.isfinite(mean)) and np.all(np.isfinite(rstd)) and np.all(rstd > 0)
+    xmax = float(np.max(np.abs(x.astype(np.float64))))
+    assert np.max(np.abs(mean - rm)) <= 1e-5 * xmax, float(np.max(np.abs(mean - rm)) / xmax)
+    assert np.max(np.abs(rstd - rr) / rr) <= 1e-4, float(np.max(np.abs(rstd - rr) / rr))
+
+
+# norm: every strategy x schedule. rms: one case per code path its scaling touches (inner: the persistent
+# sum and the streaming loop, which inner-split shares; outer: persistent, the streaming loop, the split
+# schedule's per-column merge; mixed: persistent and the per-group merge, which mixed-split shares), to keep
+# the simulator time down (a split or outer cluster case costs 10-20 s).
+RMS_NEAR_MAX = ["inner-persistent", "inner-looped", "outer-persistent", "outer-looped", "outer-split",
+                "mixed-persistent", "mixed-looped", "inner-cluster"]
+NEAR_MAX = [(n, "norm") for n in NAMES + list(CLUSTER_CASES)] + [(n, "rms") for n in RMS_NEAR_MAX]
+
+
+@pytest.mark.parametrize("name,stat", NEAR_MAX, ids=[f"{n}-{s}" for n, s in NEAR_MAX])
+def test_bfloat16_near_max(name, stat):
+    """|x| up to 0.95 * 3.39e38 in bfloat16 (squares up to 1e77, far past float32): the reference is finite
+    (float64); so is normc, and accurate. Statistics accumulate x * scl - pivot * scl with scl a power of
+    two picked from |pivot| (2^-96 here), so float32 holds them; rms scales its squares the same way."""
+    shape = case(name)[2]
     vals = np.random.default_rng(1).uniform(-0.95, 0.95, size=shape) * HALF_MAX["bfloat16"]
-    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, values=vals, dtype="bfloat16")
-    assert np.all(np.isfinite(y.astype(np.float32))) and np.all(np.isfinite(rstd))
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, values=vals, dtype="bfloat16", stat=stat)
+    assert np.all(np.isfinite(y.astype(np.float32)))
     check_y(y, ry, "bfloat16")
+    check_near_max_stats(x, mean, rstd, rm, rr)
+
+
+# One constant per reduction, across the scale steps: |c| >= 2^96 (scl = 2^-96: eps * scl^2 underflows),
+# >= 2^64, >= 2^32, and < 2^32 (scl = 1, unscaled).
+NEAR_MAX_CONSTANTS = (3.0e38, -2.5e38, 1.0e30, -7.0e20, 5.0e10, 3.25)
+# each place a scaled rstd is finished: inner (all schedules), outer persistent, outer/mixed merged partials
+# (outer-split's per-column merge runs the same code as outer-looped's), mixed persistent
+CONSTANT_CASES = ["inner-persistent", "inner-looped", "outer-persistent", "outer-looped", "mixed-persistent",
+                  "mixed-split"]
+
+
+@pytest.mark.parametrize("name", CONSTANT_CASES)
+def test_bfloat16_constant_rows_near_max(name):
+    """Constant bfloat16 reductions up to 3e38 with eps > 0: y = shift exactly, mean = the constant exactly
+    and rstd = 1/sqrt(eps) exactly (in float32), as for small constants: scaling must not turn eps * scl^2
+    (which underflows for scl = 2^-96) into rstd = inf and y = 0 * inf = NaN."""
+    vals = per_reduction(name, case(name)[2],
+                         lambda i, n: np.full(n, NEAR_MAX_CONSTANTS[i % len(NEAR_MAX_CONSTANTS)]))
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, values=vals, dtype="bfloat16")
+    np.testing.assert_array_equal(y.astype(np.float64), ry)
+    np.testing.assert_array_equal(mean, rm.astype(np.float32))
+    np.testing.assert_array_equal(rstd, np.full(rstd.shape, np.float32(1.0) / np.sqrt(np.float32(1e-5))))
+
+
+@pytest.mark.xfail(strict=True, reason=FLOAT32_SQUARE_LIMIT)
+def test_float32_near_max():
+    vals = np.random.default_rng(1).uniform(-0.95, 0.95, size=CASES["inner-persistent"][2]) * 3.4e38
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run("inner-persistent", values=vals)
+    check_y(y, ry, "float32")
+    check_near_max_stats(x, mean, rstd, rm, rr)
+
+
+@pytest.mark.xfail(strict=True, reason=SMALL_PIVOT_LIMIT)
+def test_bfloat16_small_pivot_before_near_max_values():
+    vals = np.random.default_rng(1).uniform(-0.95, 0.95, size=CASES["inner-persistent"][2]) * HALF_MAX["bfloat16"]
+    vals[:, 0] = 1.0
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run("inner-persistent", values=vals, dtype="bfloat16")
+    check_y(y, ry, "bfloat16")
+    check_near_max_stats(x, mean, rstd, rm, rr)
+
+
+@pytest.mark.parametrize("name", ["inner-persistent", "outer-looped", "mixed-split"])
+def test_bfloat16_near_max_eps_zero(name):
+    """eps = 0: a constant reduction near the maximum has rstd = inf and y = NaN (as unscaled, and as the
+    reference's 0/0), only in that reduction; the others (random, up to 3e38) stay finite and accurate."""
+    rng = np.random.default_rng(3)
+    vals = per_reduction(name, case(name)[2], lambda i, n: np.full(n, 2.5e38) if i == 1 else
+                         rng.uniform(-0.95, 0.95, size=n) * HALF_MAX["bfloat16"])
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, values=vals, dtype="bfloat16", eps=0.0)
+    bad = np.isinf(rr)
+    assert bad.sum() == 1 and np.isinf(rstd[bad]).all() and not np.isinf(rstd[~bad]).any()
+    np.testing.assert_array_equal(np.isnan(y.astype(np.float32)), np.isnan(ry))
+    assert np.isnan(ry).any()
+    ok = ~np.isnan(ry)
+    check_y(y[ok], ry[ok], "bfloat16")
+    check_near_max_stats(x, mean[~bad], rstd[~bad], rm[~bad], rr[~bad])
 
 
 @pytest.mark.parametrize("name", ["inner-persistent", "outer-persistent", "mixed-split"])
@@ -292,7 +387,8 @@ def test_reduction_over_every_axis(text, shape, perm, schedule):
 
 def _poison(name):
     """Values for case ``name`` with a NaN in one reduction, +Inf in a second and -Inf in a third (rows
-    2 and later of inner cases, and every other reduction, stay finite)."""
+    2 and later of inner cases, and every other reduction, stay finite). Inner cases put the -Inf at
+    its row's pivot (first value)."""
     shape = CASES[name][2]
     if name == "inner-split":  # two rows (each run costs a 512-thread CTA per split): NaN in the 2nd split
         shape = (2, shape[1])
@@ -309,6 +405,18 @@ def _poison(name):
     return shape, v
 
 
+def assert_same_nonfinite(y, mean, rstd, ry, rm, rr):
+    """y, rstd and mean are NaN/Inf/non-finite exactly where the reference's are, and some but not all of y
+    is finite; returns the mask of finite reference values."""
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(ry))
+    np.testing.assert_array_equal(np.isinf(y), np.isinf(ry))
+    np.testing.assert_array_equal(np.isnan(rstd), np.isnan(rr))
+    np.testing.assert_array_equal(np.isfinite(mean), np.isfinite(rm))
+    ok = np.isfinite(ry)
+    assert ok.any() and (~ok).any()
+    return ok
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_nan_and_inf_propagate_per_reduction(name):
     """A NaN or +-Inf in x makes its own reduction's y and rstd NaN, as the float64 reference does, and
@@ -316,17 +424,29 @@ def test_nan_and_inf_propagate_per_reduction(name):
     (merging partials computes Inf - Inf); either is non-finite where the reference's is."""
     shape, v = _poison(name)
     x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, values=v, shape=shape)
-    np.testing.assert_array_equal(np.isnan(y), np.isnan(ry))
-    np.testing.assert_array_equal(np.isinf(y), np.isinf(ry))
-    np.testing.assert_array_equal(np.isnan(rstd), np.isnan(rr))
-    np.testing.assert_array_equal(np.isfinite(mean), np.isfinite(rm))
-    ok = np.isfinite(ry)
-    assert ok.any() and (~ok).any()
+    ok = assert_same_nonfinite(y, mean, rstd, ry, rm, rr)
     if name != "inner-split":
         assert np.isinf(x).any() and np.isnan(x).any()
     check_y(y[ok], ry[ok], "float32")
     fin = np.isfinite(rm)
     check_stats(mean[fin], rstd[fin], rm[fin], rr[fin])
+
+
+@pytest.mark.parametrize("stat", ["norm", "rms"])
+@pytest.mark.parametrize("name", ["inner-persistent", "outer-persistent", "mixed-looped"])
+def test_nan_and_inf_propagate_bfloat16_scaled(name, stat):
+    """As test_nan_and_inf_propagate_per_reduction, with bfloat16 values of magnitude ~1e37, so every
+    reduction's statistics are scaled (scl = 2^-96): a NaN pivot keeps scl = 1, an Inf pivot gives
+    scl = 2^-96 and pivot * scl = Inf; either way the reduction is non-finite exactly where the
+    reference's is, and no other reduction is touched."""
+    shape, v = _poison(name)
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, values=v * 1e37, shape=shape, dtype="bfloat16",
+                                                  stat=stat)
+    yf = y.astype(np.float32)
+    ok = assert_same_nonfinite(yf, mean, rstd, ry, rm, rr)
+    check_y(y[ok], ry[ok], "bfloat16")
+    fin = np.isfinite(rm) & np.isfinite(rr) & (rr > 0)
+    check_near_max_stats(x[np.isfinite(x)], mean[fin], rstd[fin], rm[fin], rr[fin])
 
 
 def test_inf_in_rms_row_like_the_reference():
