@@ -15,8 +15,8 @@ import warnings
 
 from ..canonical import check_no_overlap, dense_like
 from ..errors import ArgumentError
-from ..problem import make_problem, pointer_align
-from .arrays import SUPPORTED, describe, empty
+from ..problem import dtype_name, make_problem, pointer_align
+from .arrays import SUPPORTED, describe, empty, kind_of
 
 __all__ = ["Compiled", "gpu_available"]
 
@@ -49,16 +49,20 @@ def _warn_sim():
         )
 
 
-def _stream_handle(stream, info):
+def _stream_handle(stream, kind, device=None):
+    """Raw handle of the stream to launch on: ``stream`` if given, else the current stream of x's library
+    (``kind``: torch on ``device``, CuPy), else 0 (the legacy default stream)."""
     if stream is None:
-        if info.kind == "torch":
+        if kind == "torch":
+            if device is None:  # a host tensor: nothing is launched for it
+                return 0
             import torch
 
             raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # avoids building a Stream object
             if raw is not None:
-                return raw(info.device)
-            return torch.cuda.current_stream(info.obj.device).cuda_stream
-        if info.kind == "cupy":
+                return raw(device)
+            return torch.cuda.current_stream(device).cuda_stream
+        if kind == "cupy":
             import cupy
 
             return cupy.cuda.get_current_stream().ptr
@@ -74,6 +78,48 @@ def _stream_handle(stream, info):
     if hasattr(stream, "__cuda_stream__"):
         return int(stream.__cuda_stream__()[1])
     raise ArgumentError(f"stream is a {type(stream).__name__}; expected a CUDA stream object or handle")
+
+
+class _LaunchStream:
+    """The raw handle of the stream a call launches on (:func:`_stream_handle` for ``stream`` and x), worked
+    out on first use: :func:`describe` calls it for the DLPack / CUDA array interface stream handshake of
+    arguments that are not torch tensors, the launch calls it last. Calls with torch or numpy arguments only
+    never ask before the launch."""
+
+    __slots__ = ("stream", "kind", "device", "handle")
+
+    def __init__(self, stream, x):
+        self.stream = stream
+        self.kind = kind_of(x)
+        self.device = None
+        if self.kind == "torch" and x.device.type == "cuda":
+            self.device = x.device.index
+        self.handle = None
+
+    def __call__(self) -> int:
+        if self.handle is None:
+            self.handle = _stream_handle(self.stream, self.kind, self.device)
+        return self.handle
+
+
+def _check_contexts(named):
+    """Reject CUDA arguments allocated in a context other than their device's primary context, the one normc
+    launches in (:func:`normc.runtime.gpu.check_context`: one driver call per argument). torch tensors are not
+    checked (torch allocates in the primary context), nor host arrays, empty arrays, or a pointer already
+    checked in this call (``out`` is ``x``)."""
+    if not gpu_available():
+        return
+    from . import gpu
+
+    gpu.set_device(named[0][1].device)  # the context the launch will use (cached per thread: no driver call)
+    seen = set()
+    for name, info in named:
+        if info is None or info.kind == "torch" or info.device is None or info.ptr in seen:
+            continue
+        if info.ptr == 0 or math.prod(info.shape) == 0:
+            continue
+        seen.add(info.ptr)
+        gpu.check_context(info.ptr, info.device, name)
 
 
 class _Entry:
@@ -100,8 +146,9 @@ class Compiled:
 
     Args:
         x: the input, of the spec's logical shape (one extent per spec dim), any strides; float32, float16 or
-            bfloat16. A torch tensor, CuPy or Numba CUDA array, or any ``__cuda_array_interface__``/DLPack
-            array on a CUDA device; a numpy array when no GPU is present (simulator).
+            bfloat16. A torch tensor, CuPy, Numba or JAX CUDA array, or any ``__cuda_array_interface__``/DLPack
+            array on a CUDA device, allocated in the device's primary context; a numpy array (or a host
+            DLPack array, e.g. a JAX CPU array, read as numpy) when no GPU is present (simulator).
         scale, shift: required exactly when the spec has the step; contiguous, holding the product of their
             axes' extents in the spec's axis order (any shape with that many elements, e.g. torch's (C,));
             float32/float16/bfloat16, possibly another dtype than x; on x's device.
@@ -109,16 +156,21 @@ class Compiled:
             out's dtype; with ``out_dtype`` set it must match); may be x itself (in place) but may not otherwise
             overlap x, nor scale or shift; must be writeable.
         stream: stream to launch on (torch/CuPy stream object, Numba stream, or a raw handle); default: the
-            current torch/CuPy stream of x's device, else the legacy default stream. Never synchronizes.
+            current torch/CuPy stream of x's device, else the legacy default stream. Never synchronizes the host:
+            arguments read through DLPack are asked to order their pending work before this stream
+            (``__dlpack__(stream=...)``), and ``__cuda_array_interface__`` arguments that name a stream are
+            waited for on it (an event).
         return_stats: ``True`` to also return float32 ``mean`` and ``rstd``, shaped like the kept axes in spec order
             (``mean`` is 0 for ``rms``).
 
     Returns:
-        ``y`` of the same kind as x (torch in, torch out), laid out in x's memory order; or
-        ``(y, mean, rstd)`` with ``return_stats``.
+        ``y`` of the same kind as x (torch in, torch out; CuPy in, CuPy out; numpy in, numpy out; any other CUDA
+        array, JAX included: a Numba device array, bound to the launch stream when one was given), laid out in
+        x's memory order; or ``(y, mean, rstd)`` with ``return_stats``.
 
     Raises:
-        ArgumentError: rank, extents, dtype, device, size of scale/shift/out, or overlap are wrong.
+        ArgumentError: rank, extents, dtype, device (or CUDA context), size of scale/shift/out, or overlap are
+            wrong.
         CompileError: a kernel could not be compiled or loaded.
 
     Constructor arguments: ``spec`` (a :class:`normc.Spec` or its text), ``out_dtype`` (default: x's),
@@ -133,10 +185,12 @@ class Compiled:
             spec = parse(spec)
         if not isinstance(spec, Spec):
             raise ArgumentError(f"spec is a {type(spec).__name__}; expected a normc.Spec or spec text")
-        if out_dtype is not None and str(out_dtype).replace("torch.", "") not in SUPPORTED:
-            raise ArgumentError(f"out_dtype is {out_dtype}; expected one of {', '.join(SUPPORTED)}")
+        name = dtype_name(out_dtype)  # strings, numpy and torch dtypes alike
+        if out_dtype is not None and name not in SUPPORTED:
+            raise ArgumentError(f"out_dtype is {out_dtype!r}; expected one of {', '.join(SUPPORTED)} (a name, or a "
+                                f"numpy/torch dtype)")
         self.spec = spec
-        self.out_dtype = None if out_dtype is None else str(out_dtype).replace("torch.", "")
+        self.out_dtype = name
         if arch is not None:
             from ..lowering import arch_cc
 
@@ -168,10 +222,13 @@ class Compiled:
                 return fast(x, scale, shift)
         if return_stats not in (True, False):  # also accepts numpy's bool_
             raise ArgumentError(f"return_stats is {return_stats!r}; expected True or False")
-        xi = describe(x, "x")
-        si = None if scale is None else describe(scale, "scale")
-        hi = None if shift is None else describe(shift, "shift")
-        oi = None if out is None else describe(out, "out")
+        launch = _LaunchStream(stream, x)
+        xi = describe(x, "x", launch)
+        si = None if scale is None else describe(scale, "scale", launch)
+        hi = None if shift is None else describe(shift, "shift", launch)
+        oi = None if out is None else describe(out, "out", launch)
+        if xi.device is not None:
+            _check_contexts((("x", xi), ("scale", si), ("shift", hi), ("out", oi)))
         key = (
             xi.kind, xi.shape, xi.strides, xi.dtype, xi.device, pointer_align(xi.ptr),
             None if si is None else (si.shape, si.strides, si.dtype, si.device, pointer_align(si.ptr)),
@@ -187,18 +244,22 @@ class Compiled:
                 if entry is None:
                     entry = self._build(xi, si, hi, oi, bool(return_stats))
                     self._table[key] = entry
+        # Outputs for Numba inputs are bound to the launch stream (their __cuda_array_interface__ names it).
+        # Outputs for other producers (JAX, DLPack) are not: JAX's import rejects an array naming a stream it
+        # did not create (GetStreamFromExternalStream, seen on the H200), so there the caller synchronizes.
+        bind = launch() if xi.kind == "numba" else 0
         if oi is None:
-            y = empty(xi, entry.out_shape, entry.out_strides, entry.out_dtype)
+            y = empty(xi, entry.out_shape, entry.out_strides, entry.out_dtype, bind)
             optr = describe(y, "out").ptr if xi.kind != "torch" else y.data_ptr()
         else:
             y, optr = out, oi.ptr
         mean = rstd = None
         if return_stats:
             dense = dense_like(entry.stat_shape, range(len(entry.stat_shape), 0, -1))
-            mean = empty(xi, entry.stat_shape, dense, "float32")
-            rstd = empty(xi, entry.stat_shape, dense, "float32")
+            mean = empty(xi, entry.stat_shape, dense, "float32", bind)
+            rstd = empty(xi, entry.stat_shape, dense, "float32", bind)
         if xi.kind != "numpy" and math.prod(xi.shape) > 0:
-            ws = empty(xi, (entry.ws,), (1,), "float32") if entry.ws else None
+            ws = empty(xi, (entry.ws,), (1,), "float32", bind) if entry.ws else None
             ptrs = (
                 xi.ptr, optr, 0 if si is None else si.ptr, 0 if hi is None else hi.ptr,
                 0 if mean is None else describe(mean, "mean").ptr,
@@ -208,7 +269,7 @@ class Compiled:
             from . import gpu
 
             gpu.set_device(xi.device)
-            s = gpu.stream_of(_stream_handle(stream, xi))
+            s = gpu.stream_of(launch())
             for k in entry.kernels:
                 k(s, *ptrs)
             if fk is not None and fk[5] is not False and fk[6] is not False:
@@ -216,7 +277,9 @@ class Compiled:
         elif math.prod(xi.shape) > 0:
             from .simulate import run
 
-            run(entry, x, y, scale, shift, mean, rstd)
+            # the numpy arrays (views of host DLPack arrays); y is out itself, or a numpy array normc allocated
+            run(entry, xi.obj, y if oi is None else oi.obj, None if si is None else si.obj,
+                None if hi is None else hi.obj, mean, rstd)
         elif return_stats and math.prod(entry.stat_shape) > 0:
             mean[...] = float("nan")
             rstd[...] = float("nan")
@@ -267,6 +330,9 @@ class Compiled:
             raise ArgumentError("x is a host array; expected a CUDA array on the GPU")
         if sim and xi.kind != "numpy":
             raise ArgumentError(f"x is a host {xi.kind} array; expected a CUDA array (or numpy on the simulator)")
+        if not sim and not gpu_available():
+            raise ArgumentError(f"x is a CUDA array (cuda:{xi.device}) but no CUDA GPU or driver is usable here; "
+                                f"expected a numpy array (simulator)")
         for name, info, axes in (("scale", si, spec.scale), ("shift", hi, spec.shift)):
             if axes is None:
                 if info is not None:
@@ -301,11 +367,11 @@ class Compiled:
                 raise ArgumentError(f"out has dtype {oi.dtype}; expected out_dtype {out_dtype}")
             if oi.dtype not in SUPPORTED:
                 raise ArgumentError(f"out has dtype {oi.dtype}; expected one of {', '.join(SUPPORTED)} (the "
-                                    f"output is converted to out's dtype; default {out_dtype})")
+                                    f"output is written in out's dtype; without out it is {out_dtype})")
             if oi.device != xi.device:
                 raise ArgumentError(f"out is on device {oi.device}; expected x's device {xi.device}")
             check_no_overlap(oi.shape, oi.strides, "out")
-            if oi.kind == "numpy" and not oi.obj.flags.writeable:
+            if oi.readonly:
                 raise ArgumentError("out is read-only; expected a writeable array")
             if oi.ptr == xi.ptr and tuple(oi.strides) != tuple(xi.strides):
                 raise ArgumentError("out aliases x with different strides; expected x itself or a separate array")
@@ -423,19 +489,31 @@ def _torch_fast_path(entry, device):
     empty_strided = torch.empty_strided
     f32 = torch.float32
     nws = entry.ws
-    launches = [(k.config, k.kernel) for k in entry.kernels]
-    launch, stream_of, set_device = gpu.launch, gpu.stream_of, gpu.set_device
+    launchers = [k.make_launcher() for k in entry.kernels]  # (stream_handle: int, *pointers), gpu.LAUNCH_MODE
+    set_device = gpu.set_device
+
+    if len(launchers) == 1 and not nws:  # most plans: one kernel, no workspace
+        (launch,) = launchers
+
+        def fast(x, scale, shift):
+            y = empty_strided(shape, strides, dtype=dtype, device=dev)
+            set_device(device)
+            launch(raw_stream(device), x.data_ptr(), y.data_ptr(), 0 if scale is None else scale.data_ptr(),
+                   0 if shift is None else shift.data_ptr(), 0, 0, 0)
+            return y
+
+        return fast
 
     def fast(x, scale, shift):
         y = empty_strided(shape, strides, dtype=dtype, device=dev)
         ws = empty_strided((nws,), (1,), dtype=f32, device=dev).data_ptr() if nws else 0
         set_device(device)
-        s = stream_of(raw_stream(device))
+        s = raw_stream(device)
         sp = 0 if scale is None else scale.data_ptr()
         hp = 0 if shift is None else shift.data_ptr()
         xp, yp = x.data_ptr(), y.data_ptr()
-        for config, kernel in launches:
-            launch(s, config, kernel, xp, yp, sp, hp, 0, 0, ws)
+        for launch in launchers:
+            launch(s, xp, yp, sp, hp, 0, 0, ws)
         return y
 
     return fast

@@ -59,6 +59,9 @@ def _check(compiled, gi, xi, mi, ri, si):
         raise ArgumentError("x is a host array; expected a CUDA array on the GPU")
     if sim and xi.kind != "numpy":
         raise ArgumentError(f"x is a host {xi.kind} array; expected a CUDA array (or numpy on the simulator)")
+    if not sim and not gpu_available():
+        raise ArgumentError(f"x is a CUDA array (cuda:{xi.device}) but no CUDA GPU or driver is usable here; "
+                            f"expected a numpy array (simulator)")
     if tuple(gi.shape) != tuple(xi.shape):
         raise ArgumentError(f"dy has shape {gi.shape}; expected x's shape {xi.shape}")
     if gi.dtype not in SUPPORTED:
@@ -219,13 +222,16 @@ def _relayout(gi, strides):
 
 def backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_dshift=True, stream=None):
     """Gradients of ``compiled``'s normalization; see :meth:`normc.runtime.Compiled.backward`."""
-    from . import _stream_handle
+    from . import _check_contexts, _LaunchStream
 
-    xi = describe(x, "x")
-    gi = describe(dy, "dy")
-    mi = None if mean is None else describe(mean, "mean")
-    ri = None if rstd is None else describe(rstd, "rstd")
-    si = None if scale is None else describe(scale, "scale")
+    launch = _LaunchStream(stream, x)
+    xi = describe(x, "x", launch)
+    gi = describe(dy, "dy", launch)
+    mi = None if mean is None else describe(mean, "mean", launch)
+    ri = None if rstd is None else describe(rstd, "rstd", launch)
+    si = None if scale is None else describe(scale, "scale", launch)
+    if xi.device is not None:
+        _check_contexts((("x", xi), ("dy", gi), ("mean", mi), ("rstd", ri), ("scale", si)))
     spec = compiled.spec
     _check(compiled, gi, xi, mi, ri, si)
     need_dscale = bool(need_dscale) and spec.scale is not None
@@ -246,14 +252,15 @@ def backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_
                 entry = _build(compiled, gi, xi, si, need_dscale, need_dshift)
                 table[key] = entry
     plan = entry.plan
-    dx = empty(xi, xi.shape, entry.dx_strides, xi.dtype)
+    bind = launch() if xi.kind == "numba" else 0  # Numba outputs are bound to the launch stream (see __call__)
+    dx = empty(xi, xi.shape, entry.dx_strides, xi.dtype, bind)
     dscale = dshift = None
     if need_dscale:
         shp = entry.dscale_shape
-        dscale = empty(xi, shp, dense_like(shp, range(len(shp), 0, -1)), plan.dscale_dtype)
+        dscale = empty(xi, shp, dense_like(shp, range(len(shp), 0, -1)), plan.dscale_dtype, bind)
     if need_dshift:
         shp = entry.dshift_shape
-        dshift = empty(xi, shp, dense_like(shp, range(len(shp), 0, -1)), plan.dshift_dtype)
+        dshift = empty(xi, shp, dense_like(shp, range(len(shp), 0, -1)), plan.dshift_dtype, bind)
     if math.prod(xi.shape) == 0:
         for a in (dscale, dshift):
             if a is not None:
@@ -267,7 +274,10 @@ def backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_
 
         from .simulate import _flat, _launch_lock
 
-        args = [_flat(dy, "dy"), _flat(x, "x"), _flat(scale, "scale"), _flat(mean, "mean"), _flat(rstd, "rstd"),
+        # the numpy arrays (views of host DLPack arrays; dy after any relayout)
+        obj = lambda i: None if i is None else i.obj  # noqa: E731
+        args = [_flat(gi.obj, "dy"), _flat(xi.obj, "x"), _flat(obj(si), "scale"), _flat(obj(mi), "mean"),
+                _flat(obj(ri), "rstd"),
                 _flat(dx, "dx"), np.zeros(max(nws, 1), np.float32), _flat(dscale, "dscale"),
                 _flat(dshift, "dshift")]
         with _launch_lock, warnings.catch_warnings():
@@ -278,7 +288,7 @@ def backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_
         return dx, dscale, dshift
     from . import gpu
 
-    ws = empty(xi, (nws,), (1,), "float32") if nws else None
+    ws = empty(xi, (nws,), (1,), "float32", bind) if nws else None
 
     def ptr(a, name):
         if a is None:
@@ -288,7 +298,7 @@ def backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_
     ptrs = (gi.ptr, xi.ptr, 0 if si is None else si.ptr, 0 if mi is None else mi.ptr, ri.ptr, ptr(dx, "dx"),
             ptr(ws, "workspace"), ptr(dscale, "dscale"), ptr(dshift, "dshift"))
     gpu.set_device(xi.device)
-    s = gpu.stream_of(_stream_handle(stream, xi))
+    s = gpu.stream_of(launch())
     for k in entry.kernels:
         k(s, *ptrs)
     return dx, dscale, dshift

@@ -327,8 +327,6 @@ def test_arguments_on_another_device_are_named():
         f(x, w1, torch.zeros(8, device="cuda:0"))
 
 
-@pytest.mark.xfail(strict=False, reason="normc does not yet compare a foreign array's CUDA context with the "
-                   "device's primary context (describe() reads only the device ordinal)")
 def test_array_from_another_context_is_rejected():
     """Memory allocated in a non-primary context is not mapped in the primary context normc launches in."""
     from cuda.bindings import driver as drv
@@ -351,6 +349,176 @@ def test_array_from_another_context_is_rejected():
             f(Foreign())
     finally:
         drv.cuCtxDestroy(ctx)
+
+
+class _Cai:
+    """A float32 CUDA array interface over a raw pointer (``stream``: the producer's stream, or None)."""
+
+    def __init__(self, ptr, shape, stream=None):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": "<f4", "data": (int(ptr), False),
+                                         "version": 3, "strides": None, "stream": stream}
+
+
+def _ok(err):
+    from cuda.bindings import driver as drv
+
+    assert err == drv.CUresult.CUDA_SUCCESS, err
+
+
+def test_scale_from_another_context_is_named():
+    from cuda.bindings import driver as drv
+
+    torch.cuda.init()
+    err, dev = drv.cuDeviceGet(0)
+    err, ctx = drv.cuCtxCreate(None, 0, dev) if _ctx_create_takes_params(drv) else drv.cuCtxCreate(0, dev)
+    _ok(err)
+    try:
+        err, ptr = drv.cuMemAlloc(8 * 4)
+        _ok(err)
+        drv.cuCtxPopCurrent()
+        f = normc.compile(normc.spec(LN))
+        x = torch.randn(4, 8, device="cuda")
+        with pytest.raises(normc.ArgumentError, match="^scale is device memory of a CUDA context other than"):
+            f(x, _Cai(ptr, (8,)), torch.zeros(8, device="cuda"))
+    finally:
+        drv.cuCtxDestroy(ctx)
+
+
+@pytest.mark.parametrize("kind", ["managed", "pinned-host", "stream-ordered-pool", "vmm", "numba"])
+def test_memory_outside_cudamalloc_is_accepted(kind):
+    """The context check rejects only plain device memory of another context: managed memory, pinned host
+    memory, pool (cuMemAllocAsync) and VMM allocations, and Numba's arrays (primary context) all run."""
+    import ctypes
+
+    import numpy as np
+    from cuda.bindings import driver as drv
+    from cuda.core import Device
+
+    torch.cuda.init()
+    torch.cuda.synchronize()
+    Device(0).set_current()  # the driver allocation calls below need a current context: the primary one
+    T, D = 4, 8
+    host = np.random.default_rng(0).standard_normal((T, D)).astype(np.float32)
+    nbytes = host.nbytes
+    keep, free = None, lambda: None
+    if kind in ("managed", "pinned-host"):
+        if kind == "managed":
+            err, ptr = drv.cuMemAllocManaged(nbytes, drv.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL.value)
+            free = lambda: drv.cuMemFree(ptr)  # noqa: E731
+        else:
+            err, ptr = drv.cuMemAllocHost(nbytes)
+            free = lambda: drv.cuMemFreeHost(ptr)  # noqa: E731
+        _ok(err)
+        view = np.ctypeslib.as_array(ctypes.cast(int(ptr), ctypes.POINTER(ctypes.c_float)), shape=(T * D,))
+        view[:] = host.reshape(-1)
+    elif kind == "stream-ordered-pool":
+        err, ptr = drv.cuMemAllocAsync(nbytes, drv.CUstream(0))
+        _ok(err)
+        free = lambda: drv.cuMemFreeAsync(ptr, drv.CUstream(0))  # noqa: E731
+        _ok(drv.cuMemcpyHtoD(ptr, host.ctypes.data, nbytes)[0])
+    elif kind == "vmm":
+        from cuda.core import VirtualMemoryResource
+
+        keep = VirtualMemoryResource(0).allocate(nbytes)
+        ptr = int(keep.handle)
+        _ok(drv.cuMemcpyHtoD(ptr, host.ctypes.data, nbytes)[0])
+    else:
+        from numba import cuda
+
+        keep = cuda.to_device(host)
+        ptr = keep.__cuda_array_interface__["data"][0]
+    try:
+        torch.cuda.synchronize()
+        y = normc.compile(normc.spec("t d : norm over d"))(_Cai(ptr, (T, D)))
+        torch.cuda.synchronize()
+        ref = (host - host.mean(-1, keepdims=True)) / np.sqrt(host.var(-1, keepdims=True) + 1e-5)
+        assert np.abs(y.copy_to_host() - ref).max() < 1e-5
+    finally:
+        torch.cuda.synchronize()
+        free()
+        torch.cuda.synchronize()
+
+
+class _DLPackOnly:
+    """Exposes only a torch tensor's DLPack methods, so normc reads it through cuda.core's DLPack path and
+    torch (the producer) orders its *current* stream before the stream normc passes."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, **kw):
+        return self.t.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+@pytest.mark.parametrize("protocol", ["dlpack", "cai"])
+def test_producer_work_is_ordered_before_the_launch_stream(protocol):
+    """x is written on a busy side stream; normc launches on another stream without any event from the
+    caller: the DLPack handshake (``__dlpack__(stream=launch)``) or the CUDA array interface's ``stream``
+    (an event on it) must make the launch wait, or the kernel reads the zeros x held before."""
+    f = normc.compile(normc.spec("t d : norm over d"))
+    side, launch = torch.cuda.Stream(), torch.cuda.Stream()
+    x = torch.zeros(64, 1024, device="cuda")
+    src = torch.randn(64, 1024, device="cuda")
+
+    def wrap(t):
+        if protocol == "dlpack":
+            return _DLPackOnly(t)
+        producer = torch.cuda.current_stream().cuda_stream
+        return _Cai(t.data_ptr(), tuple(t.shape), stream=producer or 1)  # CAI: 1 is the legacy default stream
+
+    f(wrap(x), stream=launch)  # compile outside the timed part
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(500_000_000)  # keep the side stream busy (~0.3 s)
+        x.copy_(src)
+        y = f(wrap(x), stream=launch)  # the caller orders nothing itself
+    assert y.__cuda_array_interface__["stream"] == launch.cuda_stream  # y names the stream it is written on
+    torch.cuda.synchronize()
+    ref = torch.nn.functional.layer_norm(src.double(), (1024,), eps=1e-5)
+    assert _err(torch.as_tensor(y.copy_to_host(), device="cuda"), ref) <= 1e-5
+
+
+def test_jax_arrays_directly():
+    """JAX GPU arrays go to normc without torch: DLPack with the stream handshake in, a Numba device array out
+    (not bound to a stream: JAX's import rejects streams it did not create), back into JAX with jnp.asarray
+    (zero-copy) once normc's stream has been synchronized."""
+    import os
+
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        pytest.skip("jax sees no GPU")
+    from numba import cuda
+
+    import numpy as np
+
+    k1, k2 = jax.random.split(jax.random.key(0))
+    x = jax.random.normal(k1, (256, 1000), dtype=jnp.float32) * 3 + 1
+    w = 1 + 0.1 * jax.random.normal(k2, (1000,), dtype=jnp.float32)
+    b = jnp.linspace(-1, 1, 1000, dtype=jnp.float32)
+    s = cuda.stream()
+    y, mean, rstd = normc.compile(normc.spec(LN))(x, w, b, return_stats=True, stream=s)
+    assert y.__cuda_array_interface__.get("stream") is None
+    s.synchronize()
+    yj = jnp.asarray(y)
+    assert yj.shape == (256, 1000) and yj.dtype == jnp.float32
+    xn = np.asarray(x, np.float64)
+    ref = (xn - xn.mean(-1, keepdims=True)) / np.sqrt(xn.var(-1, keepdims=True) + 1e-5) * np.asarray(w) \
+        + np.asarray(b)
+    assert float(np.abs(np.asarray(yj) - ref).max()) < 1e-4
+    # bfloat16 x: normc cannot allocate a bfloat16 Numba array; out_dtype="float32" is the JAX route
+    xb = x.astype(jnp.bfloat16)
+    with pytest.raises(normc.ArgumentError, match="bfloat16"):
+        normc.compile(normc.spec(LN))(xb, w, b)
+    y32 = normc.compile(normc.spec(LN), out_dtype="float32")(xb, w, b, stream=s)
+    s.synchronize()
+    assert jnp.asarray(y32).dtype == jnp.float32
+    with pytest.raises(normc.ArgumentError, match="^out is read-only"):  # JAX arrays are immutable
+        normc.compile(normc.spec(LN))(x, w, b, out=x)
 
 
 def _ctx_create_takes_params(drv):
