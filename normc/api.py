@@ -8,7 +8,7 @@ import re
 from .canonical import dense_like
 from .errors import ArgumentError
 from .planner import DEFAULT_SMS, make_plan
-from .problem import DTYPES, make_problem
+from .problem import DTYPES, dtype_name, make_problem
 
 
 def layout_strides(spec, shape, layout):
@@ -91,6 +91,7 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
         raise ArgumentError(f"spec is {type(spec).__name__}; expected a normc.Spec or spec text")
     spec.axis_sizes(shape)  # type, rank and split checks first: ArgumentError naming x
     shape = tuple(int(s) for s in shape)
+    dtype, out_dtype, scale_dtype, shift_dtype = map(dtype_name, (dtype, out_dtype, scale_dtype, shift_dtype))
     for name, dt, optional in (("dtype", dtype, False), ("out_dtype", out_dtype, True),
                                ("scale_dtype", scale_dtype, True), ("shift_dtype", shift_dtype, True)):
         if not (optional and dt is None) and dt not in DTYPES:

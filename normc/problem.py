@@ -9,6 +9,23 @@ from .canonical import Axis, canonicalize, expand
 from .errors import ArgumentError
 
 DTYPES = ("float32", "float16", "bfloat16")
+
+
+def dtype_name(dt):
+    """The name normc uses for a dtype given as a string, a numpy dtype or scalar type (``np.float16``,
+    ``np.dtype("float16")``, ``ml_dtypes.bfloat16``) or a torch dtype (``torch.float16``); ``None`` stays
+    ``None``. Anything else comes back as its ``str`` so that the caller's check names it."""
+    if dt is None or isinstance(dt, str):
+        return dt
+    name = getattr(dt, "name", None)  # numpy dtypes
+    if not isinstance(name, str) and isinstance(dt, type):
+        import numpy as np
+
+        try:
+            name = np.dtype(dt).name  # numpy scalar types, ml_dtypes.bfloat16
+        except TypeError:
+            name = None
+    return name if isinstance(name, str) else str(dt).replace("torch.", "")
 # Element offsets are int64 in the kernels; keep products of extents and strides clear of overflow.
 MAX_INDEX = 2**62
 

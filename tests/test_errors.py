@@ -245,3 +245,15 @@ def test_read_only_out_and_bad_arch_and_huge_shape():
             normc.compile(PLAIN, arch=arch)
     with raises(ArgumentError, "x", "2**62"):
         normc.plan(PLAIN, (2**40, 2**40))
+
+
+def test_dtypes_as_numpy_objects_are_accepted_or_named():
+    """dtype arguments may be names or numpy dtype objects/types (a fresh user passed np.dtype("float16") to
+    normc.plan and got a bare KeyError); anything else is an ArgumentError naming the argument."""
+    for dt in ("float16", np.float16, np.dtype("float16")):
+        assert normc.plan(PLAIN, (4, 6), dt).x_dtype == "float16"
+        assert normc.compile(PLAIN, out_dtype=dt).out_dtype == "float16"
+    with raises(ArgumentError, "dtype", "int8"):
+        normc.plan(PLAIN, (4, 6), np.dtype("int8"))
+    with raises(ArgumentError, "out_dtype", "int32"):
+        normc.compile(PLAIN, out_dtype=np.int32)
