@@ -194,41 +194,66 @@ def _cmd_ptx(args) -> int:
     return 0
 
 
+def _int_arg(text, flag, minimum=0):
+    if text is None:
+        return None
+    if not re.fullmatch(r"\s*\d+\s*", str(text)) or int(text) < minimum:
+        raise _UsageError(f"{flag} {text!r}: expected an integer >= {minimum}")
+    return int(text)
+
+
 def _cmd_bench(args) -> int:
-    from .bench import SYSTEMS, markdown, run
+    from . import bench
 
     systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
-    bad = [s for s in systems if s not in SYSTEMS]
+    bad = [s for s in systems if s not in bench.SYSTEMS]
     if bad:
-        raise _UsageError(f"--systems: unknown {', '.join(bad)}; expected some of {', '.join(SYSTEMS)}")
+        raise _UsageError(f"--systems: unknown {', '.join(bad)}; expected some of {', '.join(bench.SYSTEMS)}")
     rows = None
     if args.rows:
-        if not re.fullmatch(r"\d+(,\d+)*", args.rows.replace(" ", "")):
-            raise _UsageError(f"--rows {args.rows!r}: expected comma-separated row indices, e.g. 0,5,9")
-        rows = [int(t) for t in args.rows.replace(" ", "").split(",")]
+        try:
+            rows = bench.parse_rows(args.rows)
+        except ValueError as e:
+            raise _UsageError(str(e)) from None
+    limit = _int_arg(args.limit, "--limit", 1)
+    jobs = _int_arg(args.jobs, "--jobs", 0)
+    budget = None
+    if args.budget is not None:
+        try:
+            budget = float(args.budget)
+        except ValueError:
+            budget = -1.0
+        if not budget > 0 or budget == float("inf"):
+            raise _UsageError(f"--budget {args.budget!r}: expected a number of seconds > 0, e.g. 200")
+    kind = "backward" if args.backward else "forward"
+    stem = bench.STEMS[kind]
     if args.render:
         import json as _json
 
-        from .bench import chart
-
         if not args.out:
-            raise _UsageError("--render needs --out (the directory holding bench.json)")
+            raise _UsageError(f"--render needs --out (the directory holding {stem}.json)")
+        path = os.path.join(args.out, stem + ".json")
         try:
-            with open(os.path.join(args.out, "bench.json")) as f:
+            with open(path) as f:
                 result = _json.load(f)
         except OSError as e:
-            raise _UsageError(f"cannot read {os.path.join(args.out, 'bench.json')}: {e.strerror or e}") from None
-        with open(os.path.join(args.out, "bench.md"), "w") as f:
-            f.write(markdown(result))
-        if not chart(result, os.path.join(args.out, "bench.png")):
-            print("normc bench: matplotlib is not installed: bench.png not written (pip install 'normc[bench]')",
+            raise _UsageError(f"cannot read {path}: {e.strerror or e}") from None
+        except ValueError as e:
+            raise _UsageError(f"cannot read {path}: not JSON ({e})") from None
+        held = result.get("meta", {}).get("kind", "forward") if isinstance(result, dict) else None
+        if held != kind:
+            raise _UsageError(f"{path} holds a {held or 'non-bench'} run, not a {kind} one")
+        if not bench.write_reports(result, args.out, kind):
+            print(f"normc bench: matplotlib is not installed: {stem}.png not written (pip install 'normc[bench]')",
                   file=sys.stderr)
-        sys.stdout.write(markdown(result))
+        sys.stdout.write(bench.markdown(result))
         return 0
     if args.resume and not args.out:
-        raise _UsageError("--resume needs --out (the directory holding the run's bench.json)")
-    result = run(table=args.table, rows=rows, systems=systems, out_dir=args.out, resume=args.resume)
-    sys.stdout.write(markdown(result))
+        raise _UsageError(f"--resume needs --out (the directory holding the run's {stem}.json)")
+    go = bench.run_backward if args.backward else bench.run
+    result = go(table=args.table, rows=rows, systems=systems, out_dir=args.out, resume=args.resume, limit=limit,
+                budget_s=budget, jobs=jobs, compile_dynamic=args.compile_dynamic)
+    sys.stdout.write(bench.markdown(result))
     return 0
 
 
@@ -344,21 +369,42 @@ examples:
         description="On a CUDA GPU: for each workload of the table (default: the bundled anchor table), check "
                     "and time normc, PyTorch eager, torch.compile and Liger (where importable and where they "
                     "have the op), next to the copy-bandwidth floor measured in the same run; write bench.json, "
-                    "bench.md and (with matplotlib) bench.png to --out.",
+                    "bench.md and (with matplotlib) bench.png to --out. With --backward: the backward alone and "
+                    "forward + backward, every peer's dx/dscale/dshift checked against normc's; backward.json, "
+                    "backward.md, backward.png.",
         epilog="examples:\n  normc bench --out docs/perf\n  normc bench --rows 0,1,2,3 --systems normc,eager\n"
-               "  normc bench --table my_shapes.json --out /tmp/bench\n",
+               "  normc bench --table my_shapes.json --out /tmp/bench\n"
+               "  normc bench --backward --out docs/perf --rows 40-52 --budget 200\n"
+               "  normc bench --backward --out docs/perf --resume\n"
+               "  normc bench --backward --out docs/perf --render\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--backward", action="store_true",
+                   help="benchmark the backward (alone, from saved statistics / a retained autograd graph) and "
+                        "forward + backward instead of the forward; reports backward.json/.md/.png")
     p.add_argument("--table", default=None, metavar="FILE", help="JSON table of the anchors.json form")
-    p.add_argument("--rows", default=None, metavar="I,J,...", help="row indices to run (default: all)")
+    p.add_argument("--rows", default=None, metavar="I,J,A-B",
+                   help="row indices and inclusive ranges to run, e.g. 0,5,40-44 (default: all)")
+    p.add_argument("--limit", default=None, metavar="N", help="run at most N rows (of those not done yet)")
+    p.add_argument("--budget", default=None, metavar="SECONDS",
+                   help="start no new row after this many seconds (the JSON keeps the rows done; --resume "
+                        "continues)")
     p.add_argument("--systems", default="normc,eager,compile,liger", metavar="S,...",
                    help="systems to run (default: normc,eager,compile,liger)")
-    p.add_argument("--out", default=None, metavar="DIR", help="write bench.json, bench.md, bench.png here")
+    p.add_argument("--compile-dynamic", action="store_true",
+                   help="torch.compile with dynamic shapes, one compile shared by the rows of a family, dtype, "
+                        "rank and memory order (default: static shapes, one compile per row)")
+    p.add_argument("--jobs", default=None, metavar="N",
+                   help="processes compiling normc's kernels for the coming rows while the GPU runs (default: "
+                        "half the CPU cores, at most 8; 0: none)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="write bench.json, bench.md, bench.png here (backward.* with --backward)")
     p.add_argument("--render", action="store_true",
-                   help="no GPU run: rewrite bench.md and bench.png from --out/bench.json (e.g. on a machine with "
-                        "matplotlib)")
+                   help="no GPU run: rewrite the Markdown and PNG from --out/bench.json (backward.json with "
+                        "--backward), e.g. on a machine with matplotlib")
     p.add_argument("--resume", action="store_true",
-                   help="continue the run in --out/bench.json (written after every row) instead of starting over")
+                   help="continue the run in --out/bench.json (backward.json with --backward; written after every "
+                        "row) instead of starting over")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser(
