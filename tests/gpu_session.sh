@@ -2,18 +2,28 @@
 # One device call's worth of GPU work, in order of importance; each step's log goes to $OUT (or ./gpu-out).
 # Start it after the install line of ../shared/gpu/README.md, e.g. through the device tool:
 #   <install line> bash tests/gpu_session.sh [bench|tests|examples|all]
-# Steps: tests = pytest -m gpu (every anchor row, interchange, streams, graphs, reliability, torch modules);
+# Steps (tests+sanitize runs the first and third at once): tests = pytest -m gpu (every anchor row, interchange, streams, graphs, reliability, torch modules);
 # bench = normc bench over the anchor table into docs/perf-style reports (resumable: copy docs/perf/bench.json
 # into $out/perf first to continue a run); sanitize = compute-sanitizer over every strategy x schedule;
-# examples = every example that needs a GPU.
+# examples = every example that needs a GPU (carry the platformdirs wheel in .whl: the image lacks it). T_TESTS and T_SAN (seconds) bound the tests and the sanitizer.
 set -uo pipefail
 out="${OUT:-gpu-out}"
 mkdir -p "$out"
 what="${1:-all}"
 export PYTHONUNBUFFERED=1
 
+# pytest-xdist (one process per test file) when installed: compiling is CPU-bound and the GPU is shared
+xdist=()
+python3 -c "import xdist" 2>/dev/null && xdist=(-n 8 --dist loadfile)
+if [[ "$what" == tests+sanitize ]]; then  # both at once: the sanitizer's cases are small
+  timeout "${T_SAN:-540}" bash tests/gpu_sanitize.sh --out "$out" > "$out/sanitize-stdout.log" 2>&1 &
+  san=$!
+  timeout "${T_TESTS:-420}" python3 -m pytest -q -m gpu tests -p no:cacheprovider "${xdist[@]}" 2>&1 | tee "$out/gpu-tests.log" | tail -8
+  wait $san
+  tail -25 "$out/sanitize-stdout.log"
+fi
 if [[ "$what" == tests || "$what" == all ]]; then
-  timeout 420 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "$out/gpu-tests.log" | tail -5
+  timeout "${T_TESTS:-420}" python3 -m pytest -q -m gpu tests -p no:cacheprovider "${xdist[@]}" 2>&1 | tee "$out/gpu-tests.log" | tail -8
 fi
 if [[ "$what" == bench || "$what" == all ]]; then
   mkdir -p "$out/perf"
@@ -25,6 +35,7 @@ if [[ "$what" == sanitize || "$what" == all ]]; then
 fi
 if [[ "$what" == examples || "$what" == all ]]; then
   {
+    normc --version
     timeout 120 python3 examples/astronaut_instance_norm.py
     timeout 120 python3 examples/instance_as_group_norm.py
     timeout 120 python3 examples/keras_layer_norm.py
