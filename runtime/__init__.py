@@ -489,7 +489,7 @@ def _torch_fast_path(entry, device):
     empty_strided = torch.empty_strided
     f32 = torch.float32
     nws = entry.ws
-    launchers = [k.make_launcher() for k in entry.kernels]  # (stream_handle: int, *pointers), gpu.LAUNCH_MODE
+    launchers = [k.launcher for k in entry.kernels]  # (stream_handle: int, *pointers)
     set_device = gpu.set_device
 
     if len(launchers) == 1 and not nws:  # most plans: one kernel, no workspace

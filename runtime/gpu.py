@@ -2,15 +2,13 @@
 
 A kernel is launched with plain pointer arguments (seven forward, nine backward) through ``cuda.core.launch``
 with a prebuilt ``LaunchConfig``: about 5 us from Python on the H200, against 27-56 us for Numba's
-dispatcher. Direct driver launches on prebuilt parameter buffers (``LAUNCH_MODE``) are kept beside it and
-timed against it by tests/gpu_overhead.py. PTX is first linked to a cubin for
-the device with nvJitLink (so a PTX ISA newer than the driver still loads, as long as nvJitLink knows it);
+dispatcher (direct driver launches were measured no faster: see ``Loaded.__init__``). PTX is first linked
+to a cubin for the device with nvJitLink (so a PTX ISA newer than the driver still loads, as long as nvJitLink knows it);
 if that fails the driver JIT-compiles the PTX; if both fail a :class:`normc.CompileError` says why.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import threading
 
@@ -153,113 +151,11 @@ def _allow_non_portable_cluster(kernel):
         raise CompileError(f"could not allow a non-portable cluster size for the kernel ({err})")
 
 
-# ------------------------------------------------------------------------------------------------------
-# Direct driver launches (ctypes). The structures follow cuda.h (CUDA 12+): CUlaunchAttribute is an id, padding
-# to 8 bytes and a 64-byte value union; CUlaunchConfig is grid, block, dynamic shared memory, stream, attributes.
-_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
-# pointer parameters a kernel may take (forward kernels take 7: x, y, scale, shift, mean, rstd, workspace;
-# backward kernels 9); the driver reads as many as the kernel declares, the rest of the buffer is unused
-MAX_PARAMS = 16
-
-
-class _LaunchAttributeValue(ctypes.Union):
-    _fields_ = [("pad", ctypes.c_char * 64), ("clusterDim", ctypes.c_uint * 3)]
-
-
-class _LaunchAttribute(ctypes.Structure):
-    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _LaunchAttributeValue)]
-
-
-class _LaunchConfig(ctypes.Structure):
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
-                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
-
-
-@functools.lru_cache(maxsize=None)
-def _libcuda():
-    """(cuLaunchKernel, cuLaunchKernelEx) from the driver library through ctypes, or None where it cannot be
-    opened (then cuda.core launches)."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-        lk, lkx = lib.cuLaunchKernel, lib.cuLaunchKernelEx
-    except (OSError, AttributeError):
-        return None
-    u = ctypes.c_uint
-    lk.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    lk.restype = ctypes.c_int
-    lkx.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    lkx.restype = ctypes.c_int
-    return lk, lkx
-
-
-class _DriverLaunch:
-    """Launches one loaded kernel with ``cuLaunchKernel``/``cuLaunchKernelEx`` on a prebuilt parameter
-    array: ``(stream_handle: int, *pointers: int)`` (as many pointers as the kernel takes). The driver copies
-    the parameters at the call, so one buffer per kernel serves every launch; a lock keeps two host threads
-    from filling it at once.
-
-    ``via``: ``"ctypes"`` calls libcuda through ctypes; ``"bindings"`` calls cuda.bindings' ``cuLaunchKernel``
-    with the buffer's address (no per-argument conversion; clusters go through ctypes)."""
-
-    __slots__ = ("fn", "grid", "block", "cluster", "vals", "params", "cfg", "attr", "lock", "launch", "via",
-                 "params_addr", "bfn")
-
-    def __init__(self, fns, handle: int, grid: int, block: int, cluster: int, via: str = "ctypes"):
-        self.fn = ctypes.c_void_p(handle)
-        self.grid, self.block, self.cluster = grid, block, cluster
-        self.vals = (ctypes.c_uint64 * MAX_PARAMS)()
-        base = ctypes.addressof(self.vals)
-        self.params = (ctypes.c_void_p * MAX_PARAMS)(*[base + 8 * i for i in range(MAX_PARAMS)])
-        self.params_addr = ctypes.addressof(self.params)
-        self.lock = threading.Lock()
-        self.via = via if cluster == 1 else "ctypes"
-        self.bfn = None
-        if self.via == "bindings":
-            from cuda.bindings import driver
-
-            self.bfn = driver.CUfunction(handle)
-            self.launch = driver.cuLaunchKernel
-        if cluster > 1:
-            self.attr = _LaunchAttribute(id=_CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
-            self.attr.value.clusterDim[:] = (cluster, 1, 1)
-            # gridDimX counts CTAs (a multiple of the cluster size), unlike cuda.core's LaunchConfig
-            self.cfg = _LaunchConfig(grid, 1, 1, block, 1, 1, 0, None, ctypes.pointer(self.attr), 1)
-            self.launch = fns[1]
-        else:
-            self.attr = self.cfg = None
-            if self.via == "ctypes":
-                self.launch = fns[0]
-
-    def __call__(self, stream: int, *ptrs):
-        with self.lock:
-            self.vals[:len(ptrs)] = ptrs
-            if self.bfn is not None:
-                err = self.launch(self.bfn, self.grid, 1, 1, self.block, 1, 1, 0, stream, self.params_addr, 0)[0]
-            elif self.cfg is None:
-                err = self.launch(self.fn, self.grid, 1, 1, self.block, 1, 1, 0, stream, self.params, None)
-            else:
-                self.cfg.hStream = stream
-                err = self.launch(ctypes.byref(self.cfg), self.fn, self.params, None)
-        if err:
-            raise CompileError(f"kernel launch failed with CUresult {int(err)} "
-                               f"(grid {self.grid}, block {self.block}, cluster {self.cluster})")
-
-
-# How kernels are launched from Python: "core" (cuda.core.launch with a prebuilt LaunchConfig), "ctypes" or
-# "bindings" (_DriverLaunch). Measured on the H200 (tests/gpu_overhead.py, 2026-12-01), a whole cached normc
-# call on torch tensors in one loop: core 15.9 us, bindings 15.3 us, ctypes 20.3 us (ctypes converts each of
-# the 11 arguments per call); the launch alone: core 5.7, bindings 6.3, ctypes 7.8 us. "core" stays the
-# default: the 0.6 us of "bindings" is within run-to-run noise and it is the path every GPU test ran.
-LAUNCH_MODE = "core"
-
-
 class Loaded:
     """A kernel loaded on one device: ``loaded(stream, *pointers)``, or ``loaded.launcher(stream_handle,
     *pointers)`` on the hot path (stream as a raw ``CUstream`` int)."""
 
-    __slots__ = ("kernel", "config", "entry", "cluster_allowed", "launcher", "grid", "block", "cluster")
+    __slots__ = ("kernel", "config", "entry", "cluster_allowed", "launcher")
 
     def __init__(self, ptx: str, cubin: bytes | None, entry: str, grid: int, block: int, cluster: int = 1):
         errors = []
@@ -293,19 +189,12 @@ class Loaded:
             self.config = LaunchConfig(grid=grid // cluster, cluster=cluster, block=block)
         else:
             self.config = LaunchConfig(grid=grid, block=block)
-        self.grid, self.block, self.cluster = grid, block, cluster
-        self.launcher = self.make_launcher()
-
-    def make_launcher(self, mode=None):
-        """A callable ``(stream_handle: int, *pointers)`` launching this kernel the ``mode`` way (default:
-        :data:`LAUNCH_MODE`); "core" where libcuda cannot be opened with ctypes."""
-        mode = mode or LAUNCH_MODE
-        fns = _libcuda() if mode in ("ctypes", "bindings") else None
-        if fns is None:
-            return self._core_launch
-        # a CUkernel (library-loaded) handle is accepted wherever a CUfunction is (CUDA 12+); it resolves to
-        # the current context's function, the primary context set_device() makes current
-        return _DriverLaunch(fns, int(self.kernel.handle), self.grid, self.block, self.cluster, via=mode)
+        # the hot path's form, (stream_handle: int, *pointers). Launching through the driver directly was
+        # measured against cuda.core on the H200 (2026-12-01, a whole cached normc call on torch tensors in one
+        # loop): cuda.core 15.9 us, cuda.bindings' cuLaunchKernel on a prebuilt parameter buffer 15.3 us,
+        # ctypes' cuLaunchKernel 20.3 us (it converts each of 11 arguments per call); 0.6 us is within
+        # run-to-run noise, so cuda.core stays (docs/performance.md).
+        self.launcher = self._core_launch
 
     def clusters_fit(self) -> bool:
         """Whether the device can co-schedule at least one cluster of this kernel's launch shape
