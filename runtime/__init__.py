@@ -102,6 +102,33 @@ class _LaunchStream:
         return self.handle
 
 
+def check_x(spec, xi):
+    """Check x (an :class:`~normc.runtime.arrays.ArrayInfo`) against ``spec`` and the machine, for the forward
+    and the backward alike; returns ``(sizes, sim)``: the spec's axis extents and whether the simulator runs.
+
+    Raises:
+        ArgumentError: unsupported dtype, rank not the spec's, a host array where a GPU is present, a host array
+            other than numpy on the simulator, or a CUDA array where no GPU is usable.
+    """
+    if xi.dtype not in SUPPORTED:
+        raise ArgumentError(f"x has dtype {xi.dtype}; expected one of {', '.join(SUPPORTED)}")
+    if len(xi.shape) != spec.ndim:
+        dims = ", ".join("(" + " ".join(d) + ")" if len(d) > 1 else d[0] for d in spec.dims)
+        raise ArgumentError(
+            f"x has rank {len(xi.shape)} (shape {xi.shape}) but spec '{spec}' has {spec.ndim} dims ({dims})"
+        )
+    sizes = spec.axis_sizes(xi.shape)
+    sim = xi.device is None
+    if sim and gpu_available():
+        raise ArgumentError("x is a host array; expected a CUDA array on the GPU")
+    if sim and xi.kind != "numpy":
+        raise ArgumentError(f"x is a host {xi.kind} array; expected a CUDA array (or numpy on the simulator)")
+    if not sim and not gpu_available():
+        raise ArgumentError(f"x is a CUDA array (cuda:{xi.device}) but no CUDA GPU or driver is usable here; "
+                            f"expected a numpy array (simulator)")
+    return sizes, sim
+
+
 def _check_contexts(named):
     """Reject CUDA arguments allocated in a context other than their device's primary context, the one normc
     launches in (:func:`normc.runtime.gpu.check_context`: one driver call per argument). torch tensors are not
@@ -317,22 +344,7 @@ class Compiled:
     # ------------------------------------------------------------------------------------------------
     def _check(self, xi, si, hi, oi):
         spec = self.spec
-        if xi.dtype not in SUPPORTED:
-            raise ArgumentError(f"x has dtype {xi.dtype}; expected one of {', '.join(SUPPORTED)}")
-        if len(xi.shape) != spec.ndim:
-            dims = ", ".join("(" + " ".join(d) + ")" if len(d) > 1 else d[0] for d in spec.dims)
-            raise ArgumentError(
-                f"x has rank {len(xi.shape)} (shape {xi.shape}) but spec '{spec}' has {spec.ndim} dims ({dims})"
-            )
-        sizes = spec.axis_sizes(xi.shape)
-        sim = xi.device is None
-        if sim and gpu_available():
-            raise ArgumentError("x is a host array; expected a CUDA array on the GPU")
-        if sim and xi.kind != "numpy":
-            raise ArgumentError(f"x is a host {xi.kind} array; expected a CUDA array (or numpy on the simulator)")
-        if not sim and not gpu_available():
-            raise ArgumentError(f"x is a CUDA array (cuda:{xi.device}) but no CUDA GPU or driver is usable here; "
-                                f"expected a numpy array (simulator)")
+        sizes, sim = check_x(spec, xi)
         for name, info, axes in (("scale", si, spec.scale), ("shift", hi, spec.shift)):
             if axes is None:
                 if info is not None:

@@ -46,22 +46,10 @@ def _where(d):
 
 def _check(compiled, gi, xi, mi, ri, si):
     """Validate the arguments; returns (sizes, sim)."""
-    from . import gpu_available
+    from . import check_x
 
     spec = compiled.spec
-    if xi.dtype not in SUPPORTED:
-        raise ArgumentError(f"x has dtype {xi.dtype}; expected one of {', '.join(SUPPORTED)}")
-    if len(xi.shape) != spec.ndim:
-        raise ArgumentError(f"x has rank {len(xi.shape)} (shape {xi.shape}) but spec '{spec}' has {spec.ndim} dims")
-    sizes = spec.axis_sizes(xi.shape)
-    sim = xi.device is None
-    if sim and gpu_available():
-        raise ArgumentError("x is a host array; expected a CUDA array on the GPU")
-    if sim and xi.kind != "numpy":
-        raise ArgumentError(f"x is a host {xi.kind} array; expected a CUDA array (or numpy on the simulator)")
-    if not sim and not gpu_available():
-        raise ArgumentError(f"x is a CUDA array (cuda:{xi.device}) but no CUDA GPU or driver is usable here; "
-                            f"expected a numpy array (simulator)")
+    sizes, sim = check_x(spec, xi)
     if tuple(gi.shape) != tuple(xi.shape):
         raise ArgumentError(f"dy has shape {gi.shape}; expected x's shape {xi.shape}")
     if gi.dtype not in SUPPORTED:
