@@ -38,7 +38,11 @@ def layout_strides(spec, shape, layout):
             )
         perm = [names.index(t) for t in toks]
     else:
-        perm = [int(i) for i in layout]
+        try:
+            perm = [int(i) for i in layout]
+        except (TypeError, ValueError):
+            raise ArgumentError(f"layout is {layout!r}; expected dim names as text (e.g. 'n h w c') or a "
+                                f"permutation of 0..{nd - 1}") from None
         if sorted(perm) != list(range(nd)):
             raise ArgumentError(f"layout {layout!r} must be a permutation of 0..{nd - 1}")
     strides = [0] * nd

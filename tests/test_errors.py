@@ -257,3 +257,10 @@ def test_dtypes_as_numpy_objects_are_accepted_or_named():
         normc.plan(PLAIN, (4, 6), np.dtype("int8"))
     with raises(ArgumentError, "out_dtype", "int32"):
         normc.compile(PLAIN, out_dtype=np.int32)
+
+
+def test_layout_of_the_wrong_type_is_named():
+    """The plan fuzzer found layout=False raising a bare TypeError."""
+    for bad in (False, 3, [0, "a"]):
+        with raises(ArgumentError, "layout"):
+            normc.plan(PLAIN, (4, 6), layout=bad)
