@@ -654,10 +654,10 @@ def precompile_plans(row, kind="forward", cc=(9, 0), sms=132):
     (with statistics for ``kind="backward"``) and, for ``"backward"``, the backward plan (else ``None``).
     No GPU needed."""
     from .api import layout_strides
-    from .backward_plan import make_backward_plan
     from .canonical import dense_like
     from .planner import make_plan
     from .problem import make_problem
+    from .runtime.backward import plan_backward
     from .runtime.tune import lookup
 
     spec = row_spec(row)
@@ -673,9 +673,8 @@ def precompile_plans(row, kind="forward", cc=(9, 0), sms=132):
     plan = make_plan(prob, arch=arch, sms=sms, schedule=lookup(prob, arch, sms))
     bplan = None
     if kind == "backward":
-        bprob = make_problem(spec, shape, strides, dense, x_dtype=dt, out_dtype=dt, aligns=aligns, **pdt)
-        bplan = make_backward_plan(bprob, dy_dtype=dt, dy_align=16, need_dscale=spec.scale is not None,
-                                   need_dshift=spec.shift is not None, arch=arch, sms=sms)
+        bplan = plan_backward(spec, shape, dt, strides=strides, dy_dtype=dt, need_dscale=spec.scale is not None,
+                              need_dshift=spec.shift is not None, arch=arch, sms=sms, **pdt)
     return plan, bplan
 
 

@@ -286,21 +286,14 @@ class NormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, spec):
         args = _spec_args(spec)
-        y, mean, rstd = _norm_impl(x, weight, bias, *args)
-        ctx.save_for_backward(x, weight, mean, rstd)
-        ctx.args = args
-        ctx.bias = None if bias is None else (bias.dtype, tuple(bias.shape))
-        return y
+        out = _norm_impl(x, weight, bias, *args)
+        _setup_context(ctx, (x, weight, bias, *args), out)
+        return out[0]
 
     @staticmethod
     def backward(ctx, dy):
-        x, weight, mean, rstd = ctx.saved_tensors
-        need_w = weight is not None and ctx.needs_input_grad[1]
-        need_b = ctx.bias is not None and ctx.needs_input_grad[2]
-        dx, dw, db = _norm_backward_impl(dy, x, mean, rstd, weight, *ctx.args, need_w, need_b,
-                                         None if ctx.bias is None else ctx.bias[0])
-        return (dx, dw.reshape(weight.shape) if need_w else None, db.reshape(ctx.bias[1]) if need_b else None,
-                None)
+        # the same formula as the ops' autograd (inputs x, weight, bias line up); spec gets no gradient
+        return _autograd_backward(ctx, dy, None, None, backward_op=_norm_backward_impl)[:3] + (None,)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -296,9 +296,9 @@ class Compiled:
             from . import gpu
 
             gpu.set_device(xi.device)
-            s = gpu.stream_of(launch())
+            s = launch()  # the raw handle (Loaded.launcher looks up its cached cuda.core Stream)
             for k in entry.kernels:
-                k(s, *ptrs)
+                k.launcher(s, *ptrs)
             if fk is not None and fk[5] is not False and fk[6] is not False:
                 self._fast[fk] = _torch_fast_path(entry, xi.device)
         elif math.prod(xi.shape) > 0:

@@ -286,7 +286,7 @@ def backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_
     ptrs = (gi.ptr, xi.ptr, 0 if si is None else si.ptr, 0 if mi is None else mi.ptr, ri.ptr, ptr(dx, "dx"),
             ptr(ws, "workspace"), ptr(dscale, "dscale"), ptr(dshift, "dshift"))
     gpu.set_device(xi.device)
-    s = gpu.stream_of(launch())
+    s = launch()  # the raw handle (Loaded.launcher looks up its cached cuda.core Stream)
     for k in entry.kernels:
-        k(s, *ptrs)
+        k.launcher(s, *ptrs)
     return dx, dscale, dshift

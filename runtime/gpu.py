@@ -2,7 +2,7 @@
 
 A kernel is launched with plain pointer arguments (seven forward, nine backward) through ``cuda.core.launch``
 with a prebuilt ``LaunchConfig``: about 5 us from Python on the H200, against 27-56 us for Numba's
-dispatcher (direct driver launches were measured no faster: see ``Loaded.__init__``). PTX is first linked
+dispatcher (direct driver launches were measured no faster: see ``Loaded.launcher``). PTX is first linked
 to a cubin for the device with nvJitLink (so a PTX ISA newer than the driver still loads, as long as nvJitLink knows it);
 if that fails the driver JIT-compiles the PTX; if both fail a :class:`normc.CompileError` says why.
 """
@@ -152,10 +152,9 @@ def _allow_non_portable_cluster(kernel):
 
 
 class Loaded:
-    """A kernel loaded on one device: ``loaded(stream, *pointers)``, or ``loaded.launcher(stream_handle,
-    *pointers)`` on the hot path (stream as a raw ``CUstream`` int)."""
+    """A kernel loaded on one device: ``loaded.launcher(stream_handle, *pointers)`` launches it."""
 
-    __slots__ = ("kernel", "config", "entry", "cluster_allowed", "launcher")
+    __slots__ = ("kernel", "config", "entry", "cluster_allowed")
 
     def __init__(self, ptx: str, cubin: bytes | None, entry: str, grid: int, block: int, cluster: int = 1):
         errors = []
@@ -189,12 +188,6 @@ class Loaded:
             self.config = LaunchConfig(grid=grid // cluster, cluster=cluster, block=block)
         else:
             self.config = LaunchConfig(grid=grid, block=block)
-        # the hot path's form, (stream_handle: int, *pointers). Launching through the driver directly was
-        # measured against cuda.core on the H200 (2026-12-01, a whole cached normc call on torch tensors in one
-        # loop): cuda.core 15.9 us, cuda.bindings' cuLaunchKernel on a prebuilt parameter buffer 15.3 us,
-        # ctypes' cuLaunchKernel 20.3 us (it converts each of 11 arguments per call); 0.6 us is within
-        # run-to-run noise, so cuda.core stays (docs/performance.md).
-        self.launcher = self._core_launch
 
     def clusters_fit(self) -> bool:
         """Whether the device can co-schedule at least one cluster of this kernel's launch shape
@@ -208,12 +201,15 @@ class Loaded:
         except Exception:
             return True
 
-    def _core_launch(self, stream: int, *ptrs):
-        launch(stream_of(stream), self.config, self.kernel, *ptrs)
+    def launcher(self, stream: int, *ptrs):
+        """Launch on the stream with raw ``CUstream`` handle ``stream`` (0: the legacy default stream), with
+        the kernel's pointer arguments (seven forward, nine backward).
 
-    def __call__(self, stream, *ptrs):
-        """Launch on ``stream`` (a cuda.core Stream or a raw CUstream int)."""
-        self.launcher(stream if type(stream) is int else int(stream.handle), *ptrs)
+        Launching through the driver directly was measured against cuda.core on the H200 (2026-12-01, a whole
+        cached normc call on torch tensors in one loop): cuda.core 15.9 us, cuda.bindings' cuLaunchKernel on a
+        prebuilt parameter buffer 15.3 us, ctypes' cuLaunchKernel 20.3 us (it converts each of 11 arguments
+        per call); 0.6 us is within run-to-run noise, so cuda.core stays (docs/performance.md)."""
+        launch(stream_of(stream), self.config, self.kernel, *ptrs)
 
 
 _streams = {}
