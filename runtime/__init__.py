@@ -166,6 +166,11 @@ class _Entry:
         self.sim = sim
 
 
+def _is_jax(obj) -> bool:
+    """Whether ``obj`` is a JAX array (its type lives in ``jax`` or ``jaxlib``)."""
+    return type(obj).__module__.split(".", 1)[0] in ("jax", "jaxlib")
+
+
 class Compiled:
     """A normalization compiled from a spec; call it on arrays.
 
@@ -271,10 +276,11 @@ class Compiled:
                 if entry is None:
                     entry = self._build(xi, si, hi, oi, bool(return_stats))
                     self._table[key] = entry
-        # Outputs for Numba inputs are bound to the launch stream (their __cuda_array_interface__ names it).
-        # Outputs for other producers (JAX, DLPack) are not: JAX's import rejects an array naming a stream it
-        # did not create (GetStreamFromExternalStream, seen on the H200), so there the caller synchronizes.
-        bind = launch() if xi.kind == "numba" else 0
+        # Outputs that are Numba device arrays (for Numba, DLPack and other CUDA-array-interface inputs) are bound
+        # to the launch stream: their __cuda_array_interface__ names it, so a consumer orders its reads after the
+        # kernels. Not for JAX inputs: JAX's import rejects an array naming a stream it did not create
+        # (GetStreamFromExternalStream, seen on the H200), so there the caller synchronizes (docs/interop.md).
+        bind = launch() if xi.kind in ("numba", "other") and not _is_jax(x) else 0
         if oi is None:
             y = empty(xi, entry.out_shape, entry.out_strides, entry.out_dtype, bind)
             optr = describe(y, "out").ptr if xi.kind != "torch" else y.data_ptr()
