@@ -25,6 +25,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import sys
+import types
 import re
 
 import pytest
@@ -120,7 +122,10 @@ class Page:
 
     def __init__(self, name: str, codes: list, gpu_run: bool):
         self.name, self.codes, self.gpu_run = name, codes, gpu_run
-        self.ns = {"__name__": f"docs_{pathlib.Path(name).stem}"}
+        # a real module in sys.modules: torch.compile (Dynamo) imports the module a traced function lives in
+        mod = types.ModuleType(f"docs_{pathlib.Path(name).stem}")
+        sys.modules[mod.__name__] = mod
+        self.ns = mod.__dict__
         self.done = 0  # blocks before this index have been run or passed over
         self.failed = None  # index of the block that raised
 
