@@ -28,6 +28,8 @@ class LoweredKernel:
         params: the 7 pointer parameters' element types (x, out, scale, shift, mean, rstd, workspace).
         source: the generated Python source the PTX came from.
         cluster: CTAs per thread-block cluster (1: no cluster); launch with this cluster shape.
+        coop: cooperative kernel (its CTAs wait for each other): launch cooperatively with at most ``grid``
+            CTAs, no more than are co-resident (see :class:`normc.lowering.codegen.KernelSource`).
     """
 
     ptx: str
@@ -38,6 +40,7 @@ class LoweredKernel:
     params: tuple
     source: str
     cluster: int = 1
+    coop: bool = False
 
 
 def arch_cc(arch) -> tuple:
@@ -96,7 +99,7 @@ def compile_source(ks: KernelSource, cc) -> LoweredKernel:
     if len(entries) != 1:
         raise CompileError(f"PTX of {ks.name} has {len(entries)} entries; expected 1")
     return LoweredKernel(ptx, entries[0], ks.grid, ks.block, ks.shared_bytes, ks.pointer_types, ks.source,
-                         ks.cluster)
+                         ks.cluster, ks.coop)
 
 
 def lower(plan, arch=None) -> list:

@@ -34,6 +34,9 @@ TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 # the planner's LOOP_UNROLL, repeated here so the generator does not import the planner.
 LOOP_UNROLL = 4
 PARAMS = "xp, op, sp, hp, mp, rp, wp"
+# CTAs of the kernel that zeroes the coop schedule's arrival counters (one per reduction; coop plans have
+# fewer reductions than SMs, so one CTA's loop is enough).
+COUNTER_ZERO_GRID = 1
 
 # Power-of-two scaling of the statistics (issue 5). Squares are taken in float32, so |x - pivot| above about
 # 1.8e19 (sqrt(FLT_MAX)) overflows the variance. float16 cannot get there (65504^2 fits easily); bfloat16
@@ -73,6 +76,9 @@ class KernelSource:
         pointer_types: element type of each of the 7 pointer parameters: ``"float32"`` or ``"uint16"``.
         cluster: CTAs per thread-block cluster (1: launched without clusters). ``grid`` counts CTAs and is a
             multiple of it; CTA ``bid`` has rank ``bid % cluster`` in its cluster.
+        coop: a cooperative kernel: its CTAs wait for each other, so all must be co-resident. ``grid`` is the
+            most it uses; the runtime launches ``min(grid, co-resident CTAs)`` (a cooperative launch), rounded
+            down to a multiple of the reduction's splits, and the kernel loops over its work ``gridDim`` apart.
     """
 
     name: str
@@ -82,6 +88,7 @@ class KernelSource:
     shared_bytes: int
     pointer_types: tuple
     cluster: int = 1
+    coop: bool = False
 
 
 class _Src:
@@ -685,14 +692,11 @@ class _Inner(_Kernel):
         self._normalize_loop(g, "0", str(self.NC), self.TPR)
         return KernelSource("normc_inner", g.text(), p.grid, p.threads, self.shared, self.ptypes())
 
-    def split(self):
-        p, S = self.p, self.p.splits
-        L = -(-self.NC // S)
-        # kernel 1: partial statistics of each (row, split) into the workspace
-        g = _Src()
-        self.prologue(g, "normc_inner_partial")
-        g("lane = tid")
-        g("rloc = 0")
+    def _partial(self, g, S, L):
+        """Split schedules, first half: this CTA's slice [lo, hi) of row ``bid // S`` (vectors) -> partial
+        statistics (n, mean of x - pv, M2; rms: 0, 0, sum of squares) written by lane 0 to the workspace at
+        ``(row * S + sp_) * 3``."""
+        p = self.p
         g(f"sp_ = bid % {S}")
         self.row_setup(g, f"bid // {S}", False)
         g(f"lo = sp_ * {L}")
@@ -711,23 +715,20 @@ class _Inner(_Kernel):
             g("st1_f32(wp, wi, n)")
             g("st1_f32(wp, wi + 1, mean)")
             g("st1_f32(wp, wi + 2, m2)")
-        k1 = KernelSource("normc_inner_partial", g.text(), p.grid, p.threads, self.shared, self.ptypes())
-        # kernel 2: merge the row's partials (same order in every CTA of the row) and normalize a slice
-        self.shared = 0
-        g = _Src()
-        self.prologue(g, "normc_inner_finish")
-        g("lane = tid")
-        g("rloc = 0")
-        g(f"sp_ = bid % {S}")
-        self.row_setup(g, f"bid // {S}", False)
+
+    def _merge_and_normalize(self, g, S, L, ld="ld1_f32"):
+        """Split schedules, second half: merge row ``row``'s S partials (Chan, in split order, so every CTA
+        of the row gets the same bits), write mean/rstd from split 0, normalize slice [lo, hi). ``ld`` loads
+        a workspace float (the coop kernel reads partials other CTAs wrote during the launch: L2 only)."""
+        p = self.p
         g("n = F32(0.0)")
         g("mean = F32(0.0)")
         g("m2 = F32(0.0)")
         with g.block(f"for k in range(lane, {S}, {self.TPR}):"):
             g(f"wi = (row * {S} + k) * 3")
-            g("pn = ld1_f32(wp, wi)")
-            g("pm = ld1_f32(wp, wi + 1)")
-            g("pq = ld1_f32(wp, wi + 2)")
+            g(f"pn = {ld}(wp, wi)")
+            g(f"pm = {ld}(wp, wi + 1)")
+            g(f"pq = {ld}(wp, wi + 2)")
             if p.stat == "norm":
                 _chan(g, "n", "mean", "m2", "pn", "pm", "pq")
             else:
@@ -745,8 +746,61 @@ class _Inner(_Kernel):
         g(f"lo = sp_ * {L}")
         g(f"hi = min(lo + {L}, {self.NC})")
         self._normalize_loop(g, "lo", "hi", self.TPR)
+
+    def split(self):
+        """Two kernels: partial statistics of every (row, split) slice into the workspace; then each CTA
+        merges its row's partials and normalizes its slice (re-reading x)."""
+        p, S = self.p, self.p.splits
+        L = -(-self.NC // S)
+        g = _Src()
+        self.prologue(g, "normc_inner_partial")
+        g("lane = tid")
+        g("rloc = 0")
+        self._partial(g, S, L)
+        k1 = KernelSource("normc_inner_partial", g.text(), p.grid, p.threads, self.shared, self.ptypes())
+        self.shared = 0
+        g = _Src()
+        self.prologue(g, "normc_inner_finish")
+        g("lane = tid")
+        g("rloc = 0")
+        g(f"sp_ = bid % {S}")
+        self.row_setup(g, f"bid // {S}", False)
+        self._merge_and_normalize(g, S, L)
         k2 = KernelSource("normc_inner_finish", g.text(), p.grid, p.threads, self.shared, self.ptypes())
         return [k1, k2]
+
+    def coop(self):
+        """The split's two halves in one cooperative kernel over a co-resident grid (``plan.grid`` CTAs at
+        most, fewer if fewer fit; the runtime sizes it). CTAs walk the (row, split) items in order, ``grid``
+        apart, so about ``grid / S`` rows are in flight. After writing its partial, a CTA arrives on its row's
+        counter (release) and waits until all S have (acquire), then merges and re-reads its slice, which it
+        read moments before and which is still in L2: HBM sees x about once. Every CTA waited on is resident
+        (grid co-resident, S <= grid, items taken in order), so the waits end. A first, tiny kernel zeroes
+        the counters (one per row, after the partials in the workspace)."""
+        p, S = self.p, self.p.splits
+        L = -(-self.NC // S)
+        cnt = 3 * p.kept * S  # the counters' offset in the workspace (u32 words)
+        g = _Src()
+        self.prologue(g, "normc_inner_zero")
+        with g.block(f"for i in range(bid * {p.threads} + tid, {p.kept}, {COUNTER_ZERO_GRID * p.threads}):"):
+            g(f"st1_f32(wp, {cnt} + i, F32(0.0))  # +0.0 has the bits of the u32 0")
+        k0 = KernelSource("normc_inner_zero", g.text(), COUNTER_ZERO_GRID, p.threads, 0, self.ptypes())
+        self.shared = 0
+        g = _Src()
+        self.prologue(g, "normc_inner_coop")
+        g("lane = tid")
+        g("rloc = 0")
+        with g.block(f"for bid in range(I64(cuda.blockIdx.x), {p.kept * S}, I64(cuda.gridDim.x)):"):
+            self._partial(g, S, L)
+            with g.block("if tid == 0:"):
+                g(f"arrive_u32(wp, {cnt} + row)  # release: lane 0's partial is visible before the count")
+                with g.block(f"while acquire_u32(wp, {cnt} + row) < {S}:"):
+                    g("pass")
+            g("cuda.syncthreads()")
+            self._merge_and_normalize(g, S, L, ld="ldcg_f32")
+            g("cuda.syncthreads()  # the next item reuses this item's shared arrays")
+        k1 = KernelSource("normc_inner_coop", g.text(), p.grid, p.threads, self.shared, self.ptypes(), coop=True)
+        return [k0, k1]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1434,13 +1488,15 @@ class _Outer(_Kernel):
 def generate(plan) -> list[KernelSource]:
     """Python sources of the kernels for ``plan``, in launch order: 1 kernel; for split schedules 2 (inner:
     partial statistics, merge + normalize) or 3 (outer/mixed: partial statistics, merge per column tile,
-    normalize)."""
+    normalize); for coop 2 (zero the arrival counters, the cooperative kernel)."""
     if plan.strategy == "inner":
         k = _Inner(plan)
         if plan.schedule == "persistent":
             return [k.persistent()]
         if plan.schedule == "looped":
             return [k.looped()]
+        if plan.schedule == "coop":
+            return k.coop()
         return k.split()
     k = _Outer(plan)
     if plan.schedule == "split":

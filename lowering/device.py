@@ -17,6 +17,15 @@ Thread-block clusters (sm_90+) for reductions spread over several CTAs:
 * ``dsmem_ld(arr, i, rank)``: element ``i`` of the shared array ``arr`` *of CTA ``rank`` of the cluster*
   (distributed shared memory: ``mapa`` maps the generic address into the peer's window, then a generic load).
 
+Cooperative (coop) kernels, whose CTAs wait for each other's partial statistics through global memory:
+
+* ``arrive_u32(p, i)``: ``red.release.gpu.global.add.u32`` of 1 to the 32-bit word at element ``i`` of ``p``
+  (release: the thread's earlier writes are visible to whoever acquires the new count).
+* ``acquire_u32(p, i)``: ``ld.acquire.gpu.global.u32`` of that word (re-read from L2 on every call: a spin
+  loop on it ends).
+* ``ldcg_f32(p, i)``: ``ld.global.cg.f32``, a float32 load cached in L2 only, for values other CTAs wrote
+  during the launch (an SM's L1 is not coherent with other SMs' writes).
+
 All of it compiles into the kernel: no external functions.
 """
 
@@ -229,6 +238,54 @@ def dsmem_ld(typingctx, arr, idx, rank):
     return sig, codegen
 
 
+def _word_addr(context, builder, signature, args):
+    """Global-space address (i64) of element ``args[1]`` of float32 pointer ``args[0]``."""
+    p, i = args
+    i = context.cast(builder, i, signature.args[1], int64)
+    return builder.ptrtoint(_global_ptr(builder, p, i, "f32", 1), ir.IntType(64))
+
+
+@intrinsic
+def arrive_u32(typingctx, ptr, idx):
+    """Add 1 to the u32 word at element ``idx`` of float32 pointer ``ptr`` (release, GPU scope)."""
+    if not isinstance(ptr, types.CPointer) or not isinstance(idx, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        _asm(builder, "red.release.gpu.global.add.u32 [$0], 1;", "l,~{memory}", ir.VoidType(),
+             [_word_addr(context, builder, signature, args)])
+        return context.get_dummy_value()
+
+    return types.void(ptr, idx), codegen
+
+
+@intrinsic
+def acquire_u32(typingctx, ptr, idx):
+    """The u32 word at element ``idx`` of float32 pointer ``ptr`` (acquire load, GPU scope), as int64."""
+    if not isinstance(ptr, types.CPointer) or not isinstance(idx, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        v = _asm(builder, "ld.acquire.gpu.global.u32 $0, [$1];", "=r,l,~{memory}", _i32,
+                 [_word_addr(context, builder, signature, args)])
+        return builder.zext(v, ir.IntType(64))
+
+    return int64(ptr, idx), codegen
+
+
+@intrinsic
+def ldcg_f32(typingctx, ptr, idx):
+    """float32 element ``idx`` of ``ptr``, loaded through L2 only (``ld.global.cg``)."""
+    if not isinstance(ptr, types.CPointer) or not isinstance(idx, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        return _asm(builder, "ld.global.cg.f32 $0, [$1];", "=f,l,~{memory}", _f32,
+                    [_word_addr(context, builder, signature, args)])
+
+    return float32(ptr, idx), codegen
+
+
 def _make_masked_store(tag, width):
     """``stm{width}_{tag}(p, i, vals, ok)``: the store of ``st{width}_{tag}`` when ``ok`` (an LLVM branch)."""
 
@@ -289,7 +346,8 @@ def namespace() -> dict:
     ns = {
         "cuda": cuda, "I64": int64, "F32": float32, "F32T": float32, "rsqrt": rsqrt,
         "shfl_xor": shfl_xor, "shfl_idx": shfl_idx, "cluster_arrive": cluster_arrive, "cluster_wait": cluster_wait,
-        "dsmem_ld": dsmem_ld, "min": min, "max": max, "range": range,
+        "dsmem_ld": dsmem_ld, "arrive_u32": arrive_u32, "acquire_u32": acquire_u32, "ldcg_f32": ldcg_f32,
+        "min": min, "max": max, "range": range,
     }
     for tag in TAGS:
         for w in WIDTHS[tag]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import numpy as np
 from numba import cuda
@@ -141,8 +142,8 @@ class _ClusterCuda:
     CTA barrier and the cluster barrier (both are stronger-than-needed, never weaker).
     """
 
-    def __init__(self, C, T):
-        self.C, self.T = C, T
+    def __init__(self, C, T, grid=1):
+        self.C, self.T, self._grid = C, T, grid
         self.shared = _ClusterShared(self)
 
     @property
@@ -154,9 +155,17 @@ class _ClusterCuda:
         t = threading.current_thread()
         return _Dim(t.blockIdx.x * self.C + t.threadIdx.x // self.T)
 
+    @property
+    def gridDim(self):
+        return _Dim(self._grid * self.C)
+
     @staticmethod
     def syncthreads():
         threading.current_thread().syncthreads()
+
+    @staticmethod
+    def threadfence():
+        """Python threads see each other's numpy writes at once: nothing to order."""
 
 
 def cluster_arrive():
@@ -173,14 +182,29 @@ def dsmem_ld(arr, i, rank):
     return arr.base[int(rank) * len(arr) + int(i)]
 
 
-def namespace(cluster=1, threads=1) -> dict:
+_counter_lock = threading.Lock()
+
+
+def arrive_u32(p, i):
+    """Simulator arrive: add 1 to the counter at ``p[i]`` (a float32 holding a small integer), atomically."""
+    with _counter_lock:
+        p[int(i)] += 1
+
+
+def acquire_u32(p, i):
+    """Simulator acquire load of the counter at ``p[i]``; yields the GIL so the CTAs it waits for run."""
+    time.sleep(0)
+    return int(p[int(i)])
+
+
+def namespace(cluster=1, threads=1, blocks=1) -> dict:
     """Globals for exec'ing generated kernel source for Numba's CUDA simulator (``cluster`` CTAs of
-    ``threads`` threads per cluster)."""
+    ``threads`` threads per simulated block, ``blocks`` simulated blocks)."""
     ns = {
-        "cuda": cuda if cluster == 1 else _ClusterCuda(cluster, threads), "I64": _i64, "F32": np.float32,
+        "cuda": cuda if cluster == 1 else _ClusterCuda(cluster, threads, blocks), "I64": _i64, "F32": np.float32,
         "F32T": np.float32, "rsqrt": rsqrt, "shfl_xor": shfl_xor, "shfl_idx": shfl_idx,
         "cluster_arrive": cluster_arrive, "cluster_wait": cluster_wait, "dsmem_ld": dsmem_ld,
-        "min": min, "max": max, "range": range,
+        "arrive_u32": arrive_u32, "acquire_u32": acquire_u32, "ldcg_f32": _make_ld("f32", 1), "min": min, "max": max, "range": range,
     }
     for tag in TAGS:
         for w in WIDTHS[tag]:
@@ -195,11 +219,14 @@ def namespace(cluster=1, threads=1) -> dict:
 def load(ks):
     """exec a :class:`KernelSource` for the simulator; returns ``launch(*arrays)``.
 
-    A cluster kernel (``ks.cluster`` > 1) runs each cluster as one simulated block (:class:`_ClusterCuda`)."""
+    A cluster kernel (``ks.cluster`` > 1) runs each cluster as one simulated block (:class:`_ClusterCuda`). So
+    does a cooperative kernel (``ks.coop``), whose CTAs spin until others have arrived: its whole grid is one
+    simulated block, so every CTA runs at once (a barrier is then a barrier of the whole grid, which a coop
+    kernel's items, whole reductions per round, pass through together)."""
     from numba.cuda.simulator.kernel import FakeCUDAKernel
 
-    C = ks.cluster
-    ns = namespace(C, ks.block)
+    C = ks.grid if ks.coop else ks.cluster
+    ns = namespace(C, ks.block, ks.grid // C)
     exec(compile(ks.source, f"<normc-sim:{ks.name}>", "exec"), ns)
     kern = FakeCUDAKernel(ns[ks.name], device=False)
     grid, block = ks.grid // C, ks.block * C

@@ -19,6 +19,14 @@ Decision tree (``docs/planner.md`` explains it at length; the constants below ca
     - ``split``: too few reductions to fill the GPU: each reduction is spread over ``splits`` CTAs; kernel 1
       writes partial Welford statistics to a float32 workspace; then (inner) kernel 2 merges them (Chan) and
       normalizes, or (outer/mixed) kernel 2 merges them once per column tile and kernel 3 normalizes.
+    - ``coop`` (inner, only when forced or autotuned): the split's two halves in one cooperative kernel
+      over a co-resident grid. A CTA writes its slice's partial statistics, waits on a per-reduction arrival
+      counter until the other ``splits - 1`` have written theirs, merges them and normalizes its slice,
+      re-reading it from L2, so x comes from HBM about once. Measured slower than ``split`` on the H200
+      (2026-12-01, tests/gpu_sweep.py): 64 x 2M float32 523-543 us vs 466; 64 x 2M float16 296-311 vs 268;
+      10 x 10M float32 616-631 vs 447; 100 x 1M 549-560 vs 391; 4 x 10M 477-498 vs 286. Its kernels need
+      62-109 registers, so one 512-thread CTA per SM runs, and every CTA idles while its row's slowest CTA
+      finishes (more splits per row were slower still: 132 splits 856 us vs 44 splits 543 us).
 * **tiling**: vector width from alignment and extents (never from the dtype alone), threads per row,
   rows per CTA, values per thread.
 """
@@ -72,6 +80,17 @@ INNER_LOOPED_MIN_ROWS_PER_SM = 1
 MIXED_MAX_SPLIT_PARTIALS = 32768
 # Streaming CTAs per SM that the split schedule aims for (4 x 512 threads = one full SM).
 SPLIT_CTAS_PER_SM = 4
+# Coop schedule: 512-thread CTAs per SM the co-resident grid is planned with, and so the most CTAs per row
+# (splits <= this x SMs, which the runtime's grid of min(planned, co-resident) CTAs always covers). Its kernels
+# use 62-109 registers per thread (ptxas at sm_90, anchor rows), so one 512-thread CTA fits an SM; a cap of 64
+# (launch bounds 512, 2) spilled 36-274 bytes in the norm kernels.
+COOP_CTAS_PER_SM = 1
+# Coop schedule: vectors each thread loads per loop trip (memory-level parallelism: one CTA per SM must keep
+# enough bytes in flight on its own).
+COOP_UNROLL = LOOP_UNROLL
+# Coop schedule: bytes of x in flight (rows being reduced at once) kept under this so that a CTA's re-read of
+# its slice, after the row's partials are in, hits L2: half the H200's 60 MB L2, as LOOPED_L2_BYTES.
+COOP_L2_BYTES = 30 * 2**20
 # CTAs per thread-block cluster tried for reductions too large for one CTA's registers (sm_90+): 8 is the
 # largest portable cluster size (CUDA programming guide, "Thread Block Clusters"); the CTAs of a cluster are
 # co-scheduled on one GPC and read each other's shared memory (DSMEM), so the partial statistics of a
@@ -104,7 +123,7 @@ class Plan:
 
     Attributes:
         strategy: ``"inner"``, ``"outer"`` or ``"mixed"`` (see the module docstring).
-        schedule: ``"persistent"``, ``"looped"`` or ``"split"``.
+        schedule: ``"persistent"``, ``"looped"``, ``"split"`` or ``"coop"``.
         axes: canonical axes, outermost-first (:mod:`normc.canonical`).
         stat: ``"norm"`` (mean and biased variance) or ``"rms"`` (mean square).
         eps: added to the variance (or mean square) before rsqrt.
@@ -121,10 +140,11 @@ class Plan:
         tile: outer/mixed: columns per CTA tile (``nxc * vec``).
         group: mixed: columns per kept group (the short reduced axis' extent); 1 for outer.
         per_thread: persistent: vectors held per thread; looped/split: vectors loaded per loop trip.
-        splits: CTAs per reduction (split schedule), else 1.
+        splits: CTAs per reduction (split and coop schedules), else 1.
         cluster: CTAs per thread-block cluster sharing one reduction through distributed shared memory
             (persistent schedule on sm_90+), else 1.
-        grid: CTAs of the (each) kernel.
+        grid: CTAs of the (each) kernel; coop: the most CTAs its cooperative kernel uses (``splits`` x the
+            reductions in flight).
         kept, reduced: number of kept indices (reductions) and elements per reduction.
         arch: compute capability the plan was made for, e.g. ``"sm_90"``.
         sms: multiprocessor count assumed.
@@ -163,7 +183,9 @@ class Plan:
 
     @property
     def workspace_floats(self) -> int:
-        """float32 elements of scratch the split schedule needs (0 otherwise)."""
+        """float32 elements of scratch the split and coop schedules need (0 otherwise)."""
+        if self.schedule == "coop":
+            return 3 * self.kept * self.splits + self.kept  # partial (n, mean, m2) per split, a counter per row
         if self.schedule != "split":
             return 0
         if self.strategy == "inner":
@@ -213,7 +235,10 @@ class Plan:
         if self.cluster > 1:
             lines.append(f"cluster:  {self.cluster} CTAs per reduction, partial statistics merged through "
                          "distributed shared memory")
-        nk = 1 if self.schedule != "split" else (2 if self.strategy == "inner" else 3)
+        if self.schedule == "coop":
+            lines.append(f"coop:     cooperative grid of up to {self.grid} co-resident CTAs, "
+                         f"{self.grid // self.splits} reductions in flight; counters zeroed by a first tiny kernel")
+        nk = {"split": 2 if self.strategy == "inner" else 3, "coop": 2}.get(self.schedule, 1)
         if self.kept * self.reduced == 0:
             lines.append("launch:   none (zero-size input: nothing to compute)")
         else:
@@ -278,7 +303,7 @@ def make_plan(problem, *, arch="sm_90", sms=DEFAULT_SMS, schedule=None, max_clus
         problem: a :class:`normc.canonical.Problem`-like object (see :func:`normc.api.make_problem`).
         arch: target, e.g. ``"sm_90"``.
         sms: number of multiprocessors (132 on the H200) used to size grids.
-        schedule: force ``"looped"``, ``"split"`` or ``"cluster"`` (persistent over a thread-block cluster,
+        schedule: force ``"looped"``, ``"split"``, ``"coop"`` (inner only) or ``"cluster"`` (persistent over a thread-block cluster,
             sm_90+) instead of the heuristic's choice (for tests and autotuning candidates); ``"persistent"``
             is honoured only where the values fit in registers.
         max_cluster: largest thread-block cluster to use (default: the largest of ``CLUSTER_SIZES``); the
@@ -392,7 +417,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
                     f"(<= {MAX_VALUES_PER_THREAD} values/thread): x read once"
                 )
                 break
-        if schedule is None and force not in ("looped", "split") and (_clusters_ok(common["arch"]) and bool(csizes)):
+        if schedule is None and force not in ("looped", "split", "coop") and (_clusters_ok(common["arch"]) and bool(csizes)):
             tpr = MAX_PERSISTENT_THREADS
             row_bytes = p.reduced * dbytes["x"]
             # The smallest cluster whose 512-thread CTAs hold the row (up to 2 x MAX_VALUES_PER_THREAD values
@@ -449,10 +474,26 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
                     schedule, cluster = "persistent", C
                     why.append(f"schedule forced to a cluster of {C} CTAs x {tpr} threads per row")
                     break
-    if force in ("looped", "split") and force != schedule:
+    if force in ("looped", "split", "coop") and force != schedule:
         schedule, tpr, per, cluster = force, STREAM_THREADS, LOOP_UNROLL, 1
         why.append(f"schedule forced to {force}")
-    if schedule == "split":
+    if schedule == "coop":
+        # Rows in flight: as many as COOP_L2_BYTES holds (at least 1); splits: the co-resident CTAs shared
+        # among them, at least LOOP_UNROLL vectors per thread each. Forced (tests): 2 splits, 1 row in flight.
+        row_bytes = p.reduced * dbytes["x"]
+        ctas = COOP_CTAS_PER_SM * sms
+        max_splits = max(1, nc // (tpr * COOP_UNROLL))
+        inflight = max(1, min(K, COOP_L2_BYTES // max(row_bytes, 1)))
+        splits = max(1, min(ctas // inflight, max_splits))
+        inflight = max(1, min(inflight, ctas // splits))
+        if force == "coop":
+            splits, inflight = 2, 1
+        per = COOP_UNROLL
+        why.append(f"coop: {splits} CTAs per row, {inflight} row(s) of {row_bytes} B in flight "
+                   f"(<= {COOP_L2_BYTES} B of L2), up to {splits * inflight} co-resident CTAs")
+        threads, rpc = tpr, 1
+        grid = splits * inflight
+    elif schedule == "split":
         want = -(-SPLIT_CTAS_PER_SM * sms // K)
         max_splits = max(1, nc // (tpr * LOOP_UNROLL))
         splits = max(1, min(want, max_splits))

@@ -206,7 +206,7 @@ class Compiled:
         CompileError: a kernel could not be compiled or loaded.
 
     Constructor arguments: ``spec`` (a :class:`normc.Spec` or its text), ``out_dtype`` (default: x's),
-    ``arch`` (override the device's compute capability), ``schedule`` (force ``"looped"`` or ``"split"``,
+    ``arch`` (override the device's compute capability), ``schedule`` (force ``"looped"``, ``"split"`` or ``"coop"``,
     for tests and tuning; default: the planner's choice).
     """
 
@@ -227,8 +227,9 @@ class Compiled:
             from ..lowering import arch_cc
 
             arch_cc(arch)  # validate now: ArgumentError naming arch
-        if schedule not in (None, "persistent", "looped", "split", "cluster"):
-            raise ArgumentError(f"schedule is {schedule!r}; expected None, 'persistent', 'looped', 'split' or 'cluster'")
+        if schedule not in (None, "persistent", "looped", "split", "coop", "cluster"):
+            raise ArgumentError(f"schedule is {schedule!r}; expected None, 'persistent', 'looped', 'split', 'coop' "
+                                f"or 'cluster'")
         self.arch = arch
         self.schedule = schedule
         self.use_tuning = use_tuning
@@ -452,7 +453,8 @@ class Compiled:
         plan = make_plan(prob, arch=arch, sms=sms, schedule=self._schedule_for(prob, arch, sms))
         gpu.set_device(xi.device)
         while True:
-            kernels = [gpu.Loaded(k["ptx"], k.get("cubin"), k["entry"], k["grid"], k["block"], k.get("cluster", 1))
+            kernels = [gpu.Loaded(k["ptx"], k.get("cubin"), k["entry"], k["grid"], k["block"], k.get("cluster", 1),
+                                  k.get("coop", False))
                        for k in compiled_kernels(plan, cc)]
             if plan.cluster <= 1 or all(k.clusters_fit() for k in kernels):
                 break
@@ -590,7 +592,7 @@ def compiled_kernels(plan, cc) -> list:
         for k in lower(plan, arch=cc):
             kernels.append({"ptx": k.ptx, "cubin": gpu.link_cubin(k.ptx, cc), "entry": k.entry,
                             "grid": k.grid, "block": k.block, "shared_bytes": k.shared_bytes,
-                            "cluster": k.cluster})
+                            "cluster": k.cluster, "coop": k.coop})
         summary = (f"{plan.strategy}/{plan.schedule} {plan.kept}x{plan.reduced} {plan.x_dtype} stat={plan.stat} "
                    f"vec={plan.vec} sm_{cc[0]}{cc[1]}")
         payload = {"kernels": kernels, "summary": summary}

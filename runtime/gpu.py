@@ -156,7 +156,8 @@ class Loaded:
 
     __slots__ = ("kernel", "config", "entry", "cluster_allowed")
 
-    def __init__(self, ptx: str, cubin: bytes | None, entry: str, grid: int, block: int, cluster: int = 1):
+    def __init__(self, ptx: str, cubin: bytes | None, entry: str, grid: int, block: int, cluster: int = 1,
+                 coop: bool = False):
         errors = []
         kernel = None
         if cubin:
@@ -183,7 +184,16 @@ class Loaded:
                 _allow_non_portable_cluster(kernel)
             except Exception:
                 self.cluster_allowed = False  # clusters_fit() says no: the runtime plans smaller clusters
-        if cluster > 1:
+        if coop:
+            # A cooperative kernel's CTAs wait for each other: launch no more than are co-resident (the
+            # occupancy API), as a cooperative launch (the driver refuses one that cannot all be resident).
+            # The planner keeps a reduction's CTAs (splits) <= SMs, so one CTA per SM covers them.
+            per_sm = kernel.occupancy.max_active_blocks_per_multiprocessor(block, 0)
+            if per_sm < 1:
+                raise CompileError(f"{entry}: no CTA of {block} threads fits an SM; cannot launch cooperatively")
+            sms = Device().properties.multiprocessor_count
+            self.config = LaunchConfig(grid=min(grid, per_sm * sms), block=block, is_cooperative=True)
+        elif cluster > 1:
             # cuda.core counts the grid in clusters when a cluster shape is given
             self.config = LaunchConfig(grid=grid // cluster, cluster=cluster, block=block)
         else:

@@ -15,7 +15,7 @@ import pytest
 import normc
 from normc.api import layout_strides, plan_for
 from normc.canonical import dense_like
-from normc.lowering import assemble, lower
+from normc.lowering import assemble, generate, lower
 from normc.planner import Plan, make_plan
 from normc.problem import make_problem
 
@@ -42,8 +42,9 @@ def _row_spec(r):
 
 def check_kernels(plan, arch="sm_90"):
     kernels = lower(plan)
-    # split: a partial-statistics kernel, then merge/normalize kernel(s); otherwise a single kernel
-    assert len(kernels) >= 2 if plan.schedule == "split" else len(kernels) == 1
+    # split: a partial-statistics kernel, then merge/normalize kernel(s); coop: counters zeroed, then the
+    # cooperative kernel; otherwise a single kernel
+    assert len(kernels) >= 2 if plan.schedule in ("split", "coop") else len(kernels) == 1
     for k in kernels:
         assert len(re.findall(r"\.visible\s+\.entry\s", k.ptx)) == 1
         assert ".extern" not in k.ptx
@@ -92,6 +93,31 @@ def test_forced_schedule_assembles(case, schedule):
     if schedule == "split":
         assert plan.splits >= 2 and plan.workspace_floats > 0
     check_kernels(plan)
+
+
+@pytest.mark.parametrize("case", FORCED[:2], ids=["layer", "rms"])
+def test_forced_coop_assembles(case):
+    """The cooperative split (inner): a counter-zeroing kernel, then one kernel whose CTAs arrive (release)
+    and spin (acquire) on per-row counters and read the partials through L2; both assemble without spills."""
+    text, shape, dtype, _ = case
+    spec = normc.spec(text)
+    strides = layout_strides(spec, shape, None)
+    prob = make_problem(spec, shape, strides, dense_like(shape, strides), x_dtype=dtype, stats=True)
+    plan = make_plan(prob, arch="sm_90", schedule="coop")
+    assert (plan.schedule, plan.splits) == ("coop", 2)
+    assert plan.workspace_floats == 3 * plan.kept * plan.splits + plan.kept
+    ks = generate(plan)
+    assert [k.coop for k in ks] == [False, True]
+    ptx = lower(plan)[1].ptx
+    assert "red.release.gpu.global.add.u32" in ptx and "ld.acquire.gpu.global.u32" in ptx
+    assert "ld.global.cg.f32" in ptx
+    check_kernels(plan)
+
+
+def test_few_long_rows_plan_split_not_coop():
+    """The coop schedule is opt-in (forced or autotuned): measured slower than split on the H200."""
+    plan = plan_for(normc.spec("t d : norm over d"), (10, 10_000_000), "float32")
+    assert plan.schedule == "split"
 
 
 @pytest.mark.parametrize("i", range(0, len(ROWS), 5))

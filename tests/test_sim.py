@@ -113,6 +113,16 @@ def test_inner_split(spec):
     run_case(spec, make_x((2, 700), "float32"), schedule="split", expect=("inner", "split"))
 
 
+@pytest.mark.parametrize("spec, dtype", [(LN, "float32"), (RMS, "float32"), (LN, "bfloat16")],
+                         ids=["norm", "rms", "norm-bf16"])
+def test_inner_coop(spec, dtype):
+    """The cooperative split: 2 CTAs per row wait on the row's arrival counter, 3 rows walked one at a time by
+    a grid of 2 (the simulator runs the grid as one block, so the CTAs really do wait for each other)."""
+    _, _, _, plan = run_case(spec, make_x((3, 700), dtype), schedule="coop", expect=("inner", "coop"))
+    assert (plan.splits, plan.grid) == (2, 2)
+    assert plan.workspace_floats == 3 * 3 * 2 + 3  # partials, then one counter per row
+
+
 def test_group_norm_nchw_inner():
     run_case(_spec(GN, g=3), make_x((2, 6, 3, 3), "float32"), expect=("inner", "persistent"))
 
