@@ -517,13 +517,20 @@ def grad_errors(got, ref, dtype) -> dict:
     return {"err": errs, "err_vs_normc": worst, "grads_ok": ok}
 
 
+def backward_passes(bp) -> int:
+    """Times a :class:`normc.backward_plan.BackwardPlan` reads x and dy: 1 for the fused kernel, 2 for the
+    general dx kernel (its parameter gradients, if any, from per-row sums), +1 when a parameter reduction
+    re-reads them (parameters that vary along the rows: layer norm's ``scale d``, group norm's ``scale g k``)."""
+    return (1 if bp.fused is not None else 2) + (1 if bp.params else 0)
+
+
 def _backward_plan_info(f):
     """(forward plan text, backward plan text, backward kernels, passes over x and dy) of a Compiled after
     one forward with stats and one backward."""
     fplan = next(iter(f._table.values())).plan
     bentry = next(iter(f.__dict__.get("_normc_backward", {}).values()))
     bp = bentry.plan
-    passes = (1 if bp.fused is not None else 2) + (1 if bp.params else 0)
+    passes = backward_passes(bp)
     if bp.fused is not None:
         bwd = "fused"
     else:
@@ -873,7 +880,8 @@ def markdown_backward(result) -> str:
         "parameter element constant along the row); re-reads are not counted. **floor (fwd+bwd)** adds x read, "
         "y written, scale and shift read, mean and rstd written. `bwd plan`: normc's dx kernel (fused, else the "
         "general inner or outer one, /split when split) and its number of kernels (k); `passes`: times it reads "
-        "x and dy (1: fused).",
+        "x and dy (1: fused; 2: the general dx kernel, parameter gradients from its per-row sums; 3: plus a "
+        "parameter reduction re-reading them).",
         f"- Gradients: each peer's dx, dscale and dshift against normc's, max|peer - normc| / max|normc| <= "
         f"{tol}; `!` marks a mismatch. torch.compile: {comp}.", ""]
     lines += _session_lines(meta) + _pending_lines(meta)
