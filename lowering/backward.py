@@ -20,6 +20,10 @@ Kernels, in launch order (see :mod:`normc.backward_plan`):
   re-reads x and dy (mostly from L1/L2) and writes ``dx = rstd*(g - mean(g) - xhat*mean(g*xhat))``.
   Split: ``normc_bwd_dx_partial`` writes the sums per (split, row) to the workspace, then
   ``normc_bwd_dx_finish`` adds the row's partials in split order and writes its slice of dx.
+  Parameters constant along every row (``dx.row_outputs``: instance and batch norm's ``scale c``): pass 1 sums
+  ``dy`` and ``dy*xhat`` instead (g's sums are the row's scale times them), the row's sums are written to the
+  workspace, and ``normc_bwd_row_finish`` adds them per parameter element in a fixed order; x and dy are not
+  read again.
 * ``normc_bwd_param`` (not split): per parameter element, the sums of ``dy*xhat`` (dscale) and ``dy``
   (dshift) over the axes it is broadcast along, converted to the parameter dtype. Split:
   ``normc_bwd_param_partial`` then ``normc_bwd_param_finish`` (one thread per parameter element adds the
@@ -34,6 +38,11 @@ from .codegen import TAG, KernelSource, _coords, _Emitter, _offset, _ptr_type, _
 
 BPARAMS = "gp, xp, sp, mp, rp, dp, wp, dsp, dhp"
 _OUTPTR = {"dscale": "dsp", "dshift": "dhp"}
+_PTENSOR = {"dscale": "scale", "dshift": "shift"}
+_SUM = {"dscale": "dyx", "dshift": "dy"}  # the sum each parameter gradient is made of
+# Row-finish kernels: one warp per parameter element (lanes striding over its rows, then an xor butterfly) when
+# an element has more rows than this; one thread per element otherwise.
+ROW_FINISH_WARP_ROWS = 32
 
 
 class _Red(_Emitter):
@@ -51,8 +60,7 @@ class _Red(_Emitter):
         self.dx = rp.role == "dx"
         self.norm = bp.stat == "norm"
         self.use_scale = self.dx and bp.scale_dtype is not None
-        self.Q = (["g", "gx"] if self.norm else ["gx"]) if self.dx else \
-            [("dyx" if o == "dscale" else "dy") for o in rp.outputs]
+        self.Q = list(rp.sums)
 
     def store_sums(self, g, mode, cond, key, prefix):
         """Where ``cond``: store the sums ``{prefix}{q}`` of reduction ``key``: ``"partial"`` to this split's
@@ -65,6 +73,32 @@ class _Red(_Emitter):
             else:
                 for o, q in zip(rp.outputs, self.Q):
                     g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, {key}, {prefix}{q})")
+
+    def store_rows(self, g, cond, key, prefix):
+        """Where ``cond``: store row ``key``'s sums ``{prefix}{q}`` of the parameter gradients that are constant
+        along the row (``rp.row_outputs``) to their float32 workspace slots."""
+        rp = self.rp
+        if not rp.row_outputs:
+            return
+        n = len(rp.row_outputs)
+        with g.block(f"if {cond}:"):
+            for i, o in enumerate(rp.row_outputs):
+                g(f"st1_f32(wp, {rp.row_ws_offset} + {key} * {n} + {i}, {prefix}{_SUM[o]})")
+
+    def means(self, g, c1, c2, get, sc):
+        """Emit ``c1 = mean_R(g)`` (norm only) and ``c2 = mean_R(g*xhat)`` of a row from its sums (``get(q)``: the
+        expression of sum ``q``); from those of dy and dy*xhat times the row's scale ``sc`` when the kernel
+        took them instead of g's (``rp.sums``)."""
+        n = f"F32({float(self.rp.reduced)!r})"
+        if "gx" in self.Q:
+            if self.norm:
+                g(f"{c1} = {get('g')} / {n}")
+            g(f"{c2} = {get('gx')} / {n}")
+            return
+        f = f"{sc} * " if self.use_scale else ""
+        if self.norm:
+            g(f"{c1} = {f}{get('dy')} / {n}")
+        g(f"{c2} = {f}{get('dyx')} / {n}")
 
     def ptypes(self):
         b = self.bp
@@ -254,9 +288,8 @@ class _Red(_Emitter):
         elif mode == "direct":
             self.store_sums(g, mode, "lane == 0 and rv", "kb", "a_")
         else:  # fused / finish: the dx pass over this CTA's slice of the row
-            n = float(rp.reduced)
-            g(f"c1 = a_{self.Q[0]} / F32({n!r})")
-            g(f"c2 = a_gx / F32({n!r})")
+            self.store_rows(g, "lane == 0 and rv" if mode == "fused" else "lane == 0 and sp_ == 0", "kb", "a_")
+            self.means(g, "c1", "c2", lambda q: f"a_{q}", self.h.get("sc", [None])[0])
             with g.block("if rv:"):
                 with g.block(f"for c in range(lo + lane, hi, {TPR}):"):
                     o = self.chunk_offsets(g, "c")
@@ -326,6 +359,7 @@ class _Red(_Emitter):
                     with g.block(f"for k in range({S}):"):
                         for i, q in enumerate(self.Q):
                             g(f"t_{q} = t_{q} + ld1_f32(wp, {W} + (k * {rp.keys} + gk) * {rp.nq} + {i})")
+                self.store_rows(g, "gok and sp_ == 0", "gk", "t_")
                 for q in self.Q:
                     g(f"sQ_{q}[lc] = t_{q}")
             g("cuda.syncthreads()")
@@ -353,19 +387,19 @@ class _Red(_Emitter):
                 if mode in ("partial", "direct"):
                     self.store_sums(g, mode, "gok", "gk", "t_")
                 else:
+                    self.store_rows(g, "gok", "gk", "t_")
                     for q in self.Q:
                         g(f"sT_{q}[lc] = t_{q}")
             if mode == "fused":
                 g("cuda.syncthreads()")
         if mode in ("fused", "finish"):
             src = "sT_" if mode == "fused" else "sQ_"
-            n = float(RR)
             c1 = [g.new("c1") for _ in range(V)]
             c2 = [g.new("c2") for _ in range(V)]
+            sc = self.h.get("sc", [None] * V)
             for j in range(V):
                 idx = f"min(cx * {V} + {j}, {T - 1})"
-                g(f"{c1[j]} = {src}{self.Q[0]}[{idx}] / F32({n!r})")
-                g(f"{c2[j]} = {src}gx[{idx}] / F32({n!r})")
+                self.means(g, c1[j], c2[j], lambda q: f"{src}{q}[{idx}]", sc[j])
             with g.block("if cok:"):
                 with g.block(f"for r in range(r0 + ry, r1, {RY}):"):
                     bo = offs_at("r")
@@ -386,15 +420,83 @@ class _Red(_Emitter):
                 g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, k, t_{q})")
         return KernelSource("normc_bwd_param_finish", g.text(), -(-rp.keys // 256), 256, 0, self.ptypes())
 
+    def row_finish(self, outs, row_outputs, ws_offset, name):
+        """Adds the per-row sums of the outputs ``outs`` (one parameter layout) that ``row_outputs`` lays out per
+        row at ``ws_offset`` (``len(row_outputs)`` floats a row, rows numbered by the statistics' offset), rows
+        in the order of the kept axes the parameter is broadcast along: one thread per parameter element, or
+        one warp (lanes striding over the rows, then an xor butterfly) when an element has more than
+        ``ROW_FINISH_WARP_ROWS`` rows. Converted once to the parameter's dtype."""
+        b = self.bp
+        t = _PTENSOR[outs[0]]
+        K = sorted((a for a in self.kep if a.stride(t) != 0), key=lambda a: -a.stride(t))
+        S = [a for a in self.kep if a.stride(t) == 0]
+        NP = 1
+        for a in K:
+            NP *= a.size
+        NS = 1
+        for a in S:
+            NS *= a.size
+        nq = len(row_outputs)
+        warp = NS > ROW_FINISH_WARP_ROWS
+        g = _Src()
+        self.shared = 0
+        self.prologue(g, name)
+        if warp:
+            g("lane = tid % 32")
+            g("k = bid * 8 + tid // 32")
+        else:
+            g("k = bid * 256 + tid")
+        g(f"kc = min(k, {NP - 1})")
+        kc = _coords(g, "kc", K, "p")
+        g(f"base = I64({_offset(kc, K, 'stat')})")
+        idx = {o: row_outputs.index(o) for o in outs}
+        for o in outs:
+            g(f"t_{o} = F32(0.0)")
+        with g.block(f"for j in range(lane, {NS}, 32):" if warp else f"for j in range({NS}):"):
+            sc = _coords(g, "j", S, "q")
+            g(f"so = base + {_offset(sc, S, 'stat')}")
+            for o in outs:
+                g(f"t_{o} = t_{o} + ld1_f32(wp, {ws_offset} + so * {nq} + {idx[o]})")
+        if warp:
+            off = 16
+            while off >= 1:
+                for o in outs:
+                    g(f"t_{o} = t_{o} + shfl_xor(t_{o}, {off})")
+                off //= 2
+        with g.block(f"if k < {NP} and lane == 0:" if warp else f"if k < {NP}:"):
+            for o in outs:
+                g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, k, t_{o})")
+        grid = -(-NP // 8) if warp else -(-NP // 256)
+        return KernelSource(name, g.text(), grid, 256, 0, self.ptypes())
+
+    def row_groups(self, row_outputs):
+        """``row_outputs`` grouped by parameter layout (dscale and dshift share a row-finish kernel when they
+        name the same axes)."""
+        groups = []
+        for o in row_outputs:
+            t = _PTENSOR[o]
+            for grp in groups:
+                t0 = _PTENSOR[grp[0]]
+                if all(a.stride(t) == a.stride(t0) for a in self.kep):
+                    grp.append(o)
+                    break
+            else:
+                groups.append([o])
+        return groups
+
     def kernels(self):
         rp = self.rp
         gen = self.inner_kernel if rp.strategy == "inner" else self.outer_kernel
         if rp.role == "dx":
             if rp.splits == 1:
-                return [gen("fused")]
-            k1 = gen("partial")
-            self.shared = 0
-            return [k1, gen("finish")]
+                out = [gen("fused")]
+            else:
+                out = [gen("partial")]
+                self.shared = 0
+                out.append(gen("finish"))
+            for grp in self.row_groups(rp.row_outputs):
+                out.append(self.row_finish(grp, rp.row_outputs, rp.row_ws_offset, "normc_bwd_row_finish"))
+            return out
         if rp.splits == 1:
             return [gen("direct")]
         k1 = gen("partial")
@@ -402,7 +504,6 @@ class _Red(_Emitter):
         return [k1, self.param_finish()]
 
 
-_PTENSOR = {"dscale": "scale", "dshift": "shift"}
 # Fused kernel: the scale values of a lane's elements stay in registers across rows up to this many per thread
 # (more are reloaded per row from L1, which keeps 16-value rows under 128 registers).
 HOIST_SCALE_VALUES = 8
@@ -497,8 +598,8 @@ class _Fused(_Red):
         if smode == "lane" and E * V <= HOIST_SCALE_VALUES:
             # scale depends only on the position in the row: loaded once per CTA
             sc = [self._seq(g, stag, "sp", o["scale"], inner.scale, self.rp.scale_vec) for _, o in slots]
-        lane_q = [("dyx" if o == "dscale" else "dy", _PTENSOR[o]) for o in fz.lane_outputs]
-        row_q = ["dyx" if o == "dscale" else "dy" for o in fz.row_outputs]
+        lane_q = [(_SUM[o], _PTENSOR[o]) for o in fz.lane_outputs]
+        row_q = [_SUM[o] for o in fz.row_outputs]
         for i in range(len(lane_q)):
             for e in range(E):
                 for j in range(V):
@@ -649,58 +750,13 @@ class _Fused(_Red):
                 g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, k, u{i})")
         return KernelSource("normc_bwd_fparam_finish", g.text(), -(-P // 32), 256, self.shared, self.ptypes())
 
-    def row_finish(self, outs):
-        """Adds the per-row sums of the row-route outputs ``outs`` (same parameter layout): one thread per
-        parameter element, rows in the order of the axes the parameter is broadcast along."""
-        b, fz = self.bp, self.fz
-        t = _PTENSOR[outs[0]]
-        K = sorted((a for a in self.kep if a.stride(t) != 0), key=lambda a: -a.stride(t))
-        S = [a for a in self.kep if a.stride(t) == 0]
-        NP = 1
-        for a in K:
-            NP *= a.size
-        NS = 1
-        for a in S:
-            NS *= a.size
-        g = _Src()
-        self.shared = 0
-        self.prologue(g, "normc_bwd_frow_finish")
-        g("k = bid * 256 + tid")
-        g(f"kc = min(k, {NP - 1})")
-        kc = _coords(g, "kc", K, "p")
-        g(f"base = I64({_offset(kc, K, 'stat')})")
-        idx = {o: fz.row_outputs.index(o) for o in outs}
-        for o in outs:
-            g(f"t_{o} = F32(0.0)")
-        with g.block(f"for j in range({NS}):"):
-            sc = _coords(g, "j", S, "q")
-            g(f"so = base + {_offset(sc, S, 'stat')}")
-            for o in outs:
-                g(f"t_{o} = t_{o} + ld1_f32(wp, {fz.row_ws_offset} + so * {fz.row_nq} + {idx[o]})")
-        with g.block(f"if k < {NP}:"):
-            for o in outs:
-                g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, k, t_{o})")
-        return KernelSource("normc_bwd_frow_finish", g.text(), -(-NP // 256), 256, 0, self.ptypes())
-
-    def row_groups(self):
-        groups = []
-        for o in self.fz.row_outputs:
-            t = _PTENSOR[o]
-            for grp in groups:
-                t0 = _PTENSOR[grp[0]]
-                if all(a.stride(t) == a.stride(t0) for a in self.kep):
-                    grp.append(o)
-                    break
-            else:
-                groups.append([o])
-        return groups
-
     def kernels(self):
+        fz = self.fz
         out = [self.fused_kernel()]
-        if self.fz.lane_outputs:
+        if fz.lane_outputs:
             out.append(self.lane_finish())
-        for grp in self.row_groups():
-            out.append(self.row_finish(grp))
+        for grp in self.row_groups(fz.row_outputs):
+            out.append(self.row_finish(grp, fz.row_outputs, fz.row_ws_offset, "normc_bwd_frow_finish"))
         return out
 
 
@@ -724,7 +780,9 @@ def kernel_count(bplan) -> int:
     fz = getattr(bplan, "fused", None)
     n = sum(2 if r.splits > 1 else 1 for r in tuple(bplan.params) + (() if fz else (bplan.dx,)))
     if fz is not None:
-        n += 1 + (1 if fz.lane_outputs else 0) + len(_Fused(bplan).row_groups())
+        n += 1 + (1 if fz.lane_outputs else 0) + len(_Fused(bplan).row_groups(fz.row_outputs))
+    else:
+        n += len(_Red(bplan, bplan.dx).row_groups(bplan.dx.row_outputs))
     return n
 
 

@@ -28,13 +28,18 @@ x and dy once, writes dx, and produces the parameter gradients that vary only al
 partials: layer/RMS norm) or only across rows (per-row sums: NCHW instance norm); the remaining parameter
 reductions (e.g. group norm's ``scale g k``) keep the general path. ``schedule="looped"`` or ``"split"``
 disables it.
+
+**Row sums.** Without the fused kernel, a parameter constant along every row (instance and batch norm's
+``scale c``, in any layout) takes its gradient from the general dx kernel's per-row sums of ``dy`` and
+``dy*xhat`` (``ReducePlan.row_outputs``; ``sum_R(g)`` is then the row's scale times ``sum_R(dy)``), added per
+parameter element by a small kernel, instead of from a parameter reduction re-reading x and dy.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .canonical import Axis, canonicalize
 from .planner import (CTA_THREADS, DEFAULT_SMS, ITEMSIZE, LOOP_UNROLL, MAX_PERSISTENT_THREADS,
@@ -68,7 +73,7 @@ class ReducePlan:
         key: the tensor whose element offset numbers the kept indices (``"stat"`` for dx; ``"scale"`` or
             ``"shift"`` for parameters): dense, in ``[0, keys)``.
         keys: number of kept indices; reduced: elements summed per kept index.
-        nq: float32 sums per kept index (dx: 2 for norm, 1 for rms; param: one per output).
+        nq: float32 sums per kept index (``len(sums)``).
         vec: elements per vector access of x, dy and dx along the innermost axis.
         scale_vec, stat_vec: whether scale / mean-rstd are read ``vec``-wide along the innermost axis.
         threads: threads per CTA. tpr, rows_per_cta: inner tiling. nxc, ry, tile: outer tiling (x-threads
@@ -77,6 +82,16 @@ class ReducePlan:
         grid: CTAs of the (first) kernel.
         ws_offset: float32 offset of this reduction's partials (``splits * keys * nq`` floats) in the
             workspace; only used when ``splits > 1``.
+        sums: the float32 sums taken per kept index, in workspace order: ``"g"``, ``"gx"`` (of ``g = dy*scale``
+            and ``g*xhat``), ``"dy"``, ``"dyx"`` (of ``dy`` and ``dy*xhat``). dx: ``g, gx`` (rms: ``gx``); with
+            ``row_outputs`` and a scale constant along the row (or none) ``dy, dyx`` (rms: ``dyx``, plus
+            ``dy`` for dshift), g's sums being the row's scale times them; else ``g, gx`` plus ``dy`` for
+            dshift. param: ``dyx`` for dscale, ``dy`` for dshift.
+        row_outputs: dx only: the parameter gradients that are constant along every row (their stride is 0
+            along the summed axes: instance norm's, batch norm's ``scale c``), produced from the per-row sums
+            pass 1 takes: one float32 per (row, output) at ``row_ws_offset + row * len(row_outputs)``, added
+            per parameter element in a fixed order by ``normc_bwd_row_finish`` (no parameter reduction
+            re-reading x and dy).
     """
 
     role: str
@@ -99,11 +114,14 @@ class ReducePlan:
     splits: int
     grid: int
     ws_offset: int
+    sums: tuple = ()
+    row_outputs: tuple = ()
+    row_ws_offset: int = 0
 
     @property
     def workspace_floats(self) -> int:
-        """float32 elements of partial sums this reduction needs (0 when not split)."""
-        return self.splits * self.keys * self.nq if self.splits > 1 else 0
+        """float32 elements of partial sums this reduction needs (split partials, then per-row sums)."""
+        return (self.splits * self.keys * self.nq if self.splits > 1 else 0) + self.keys * len(self.row_outputs)
 
     def describe(self) -> str:
         """One line: what this reduction computes (dx or dscale/dshift), its axes (S summed, K kept) and tiling."""
@@ -114,9 +132,11 @@ class ReducePlan:
         else:
             til = f"vec={self.vec} column tile={self.tile} (x-threads={self.nxc}, y-threads={self.ry})"
         nk = 2 if self.splits > 1 else 1
+        rows = (f"; {'+'.join(self.row_outputs)} from its per-row sums ({','.join(self.sums)}), added by "
+                f"normc_bwd_row_finish" if self.row_outputs else "")
         return (f"{what}: {self.strategy}, {self.keys} sums x {self.reduced} elements, axes {ax} "
                 f"(S summed, K kept); {til} splits={self.splits}; {nk} kernel(s), grid={self.grid} "
-                f"block={self.threads}")
+                f"block={self.threads}{rows}")
 
 
 @dataclass(frozen=True)
@@ -269,7 +289,8 @@ def _vec_ok(axes, tensor, vec, itemsize, align):
             and align % (vec * itemsize) == 0 and all(a.stride(tensor) % vec == 0 for a in axes[:-1]))
 
 
-def _reduce_plan(role, outputs, axes, key, nq, dbytes, aligns, scale_info, sms, forced, why):
+def _reduce_plan(role, outputs, axes, key, sums, dbytes, aligns, scale_info, sms, forced, why):
+    nq = len(sums)
     inner = axes[-1]
     keys = math.prod(a.size for a in axes if not a.reduced)
     reduced = math.prod(a.size for a in axes if a.reduced)
@@ -296,7 +317,7 @@ def _reduce_plan(role, outputs, axes, key, nq, dbytes, aligns, scale_info, sms, 
             grid = -(-keys // rpc)
             why.append(f"{name}: innermost axis summed: {tpr} lanes per sum, {rpc} sums per CTA")
         return ReducePlan(role, outputs, "inner", axes, key, keys, reduced, nq, vec, scale_vec, stat_vec,
-                          threads, tpr, rpc, 0, 0, 0, splits, grid, 0)
+                          threads, tpr, rpc, 0, 0, 0, splits, grid, 0, sums)
     cb = inner.size
     nxc = min(cb // vec, 32)
     threads = CTA_THREADS
@@ -316,7 +337,7 @@ def _reduce_plan(role, outputs, axes, key, nq, dbytes, aligns, scale_info, sms, 
         why.append(f"{name}: innermost axis kept: lanes along {cb} columns, {base} column tiles, rows over "
                    f"{ry} y-threads")
     return ReducePlan(role, outputs, "outer", axes, key, keys, reduced, nq, vec, scale_vec, stat_vec,
-                      threads, 0, 0, nxc, ry, tile, splits, base * splits, 0)
+                      threads, 0, 0, nxc, ry, tile, splits, base * splits, 0, sums)
 
 
 def _route(axes, tensor):
@@ -329,6 +350,21 @@ def _route(axes, tensor):
     if all(a.stride(tensor) == 0 for a in red) and _dense_kept(kep, tensor):
         return "row"
     return None
+
+
+def _sum_name(output):
+    """The per-row / per-element sum a parameter gradient is made of: ``dyx`` (dscale) or ``dy`` (dshift)."""
+    return "dyx" if output == "dscale" else "dy"
+
+
+def _dx_sums(p, row_outputs):
+    """The sums the general dx kernel takes per row (see :class:`ReducePlan` ``sums``)."""
+    norm = p.stat == "norm"
+    if not row_outputs:
+        return ("g", "gx") if norm else ("gx",)
+    if p.scale_dtype is None or all(a.scale == 0 for a in p.axes if a.reduced and a.size > 1):
+        return (("dy",) if norm or "dshift" in row_outputs else ()) + ("dyx",)
+    return (("g",) if norm else ()) + ("gx",) + tuple(_sum_name(o) for o in row_outputs)
 
 
 def _dense_kept(kep, tensor):
@@ -421,9 +457,8 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
     aligns = {"x": al["x"], "out": min(al["out"], dy_align)}
     scale_info = None if p.scale_dtype is None else (ITEMSIZE[p.scale_dtype], al["scale"])
     forced = schedule == "split"
-    nq = 2 if p.stat == "norm" else 1
     dx_why = []
-    dx = _reduce_plan("dx", (), p.axes, "stat", nq, dbytes, aligns, scale_info, sms, forced, dx_why)
+    dx = _reduce_plan("dx", (), p.axes, "stat", _dx_sums(p, ()), dbytes, aligns, scale_info, sms, forced, dx_why)
     want = []
     if need_dscale and p.scale_dtype is not None:
         want.append(("dscale", "scale"))
@@ -433,6 +468,15 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
     if schedule not in ("split", "looped"):
         fused, want = _fused_plan(p, dx, want, dbytes, sms, 0, why)
     if fused is None:
+        # parameters constant along every row: their gradients from dx's per-row sums (x and dy read twice)
+        row = tuple(o for o, t in want if _route(p.axes, t) == "row")
+        if row:
+            want = [(o, t) for o, t in want if o not in row]
+            sums = _dx_sums(p, row)
+            dx = replace(dx, sums=sums, nq=len(sums))
+            dx = replace(dx, row_outputs=row, row_ws_offset=dx.workspace_floats)
+            dx_why.append(f"{'+'.join(row)}: constant along each row: from dx's per-row sums of "
+                          f"{', '.join(sums)}, added per parameter element by normc_bwd_row_finish")
         why[:0] = dx_why
     groups = []
     if len(want) == 2 and all(a.scale == a.shift for a in p.axes):
@@ -443,11 +487,12 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
     off = fused.workspace_floats if fused is not None else dx.workspace_floats
     for outs, key in groups:
         axes = _param_axes(p.axes, key)
-        rp = _reduce_plan("param", outs, axes, key, len(outs), dbytes, aligns, None, sms, forced, why)
-        rp = ReducePlan(**{**{f: getattr(rp, f) for f in rp.__dataclass_fields__}, "ws_offset": off})
+        rp = _reduce_plan("param", outs, axes, key, tuple(_sum_name(o) for o in outs), dbytes, aligns, None, sms,
+                          forced, why)
+        rp = replace(rp, ws_offset=off)
         off += rp.workspace_floats
         params.append(rp)
-    produced = {o for r in params for o in r.outputs}
+    produced = {o for r in params for o in r.outputs} | set(dx.row_outputs)
     if fused is not None:
         produced |= set(fused.lane_outputs + fused.row_outputs)
     return BackwardPlan(

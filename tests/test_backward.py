@@ -277,6 +277,150 @@ def test_need_flags():
 
 
 # ----------------------------------------------------------------------------------------------------
+# the general path with parameters constant along each row (instance norm, batch norm in any layout): dx's
+# pass 1 takes the rows' sums of dy and dy*xhat, writes them to the workspace, and normc_bwd_row_finish adds
+# them per parameter element; no parameter reduction re-reads x and dy
+
+@pytest.mark.parametrize("spec,shape,perm,dtype,schedule,sums,strategy", [
+    (IN2, (2, 3, 4, 5), NHWC, "float32", None, ("dy", "dyx"), "outer"),
+    (IN2, (2, 3, 4, 5), NHWC, "bfloat16", None, ("dy", "dyx"), "outer"),
+    (IN2, (2, 3, 4, 5), NHWC, "float16", "split", ("dy", "dyx"), "outer"),
+    (IN2, (2, 3, 4, 5), None, "float32", "looped", ("dy", "dyx"), "inner"),
+    (IN2, (2, 3, 4, 5), None, "bfloat16", "split", ("dy", "dyx"), "inner"),
+    (IN3, (2, 3, 2, 2, 3), NDHWC, "float16", None, ("dy", "dyx"), "outer"),
+    (BN, (2, 3, 4, 4), NHWC, "float16", None, ("dy", "dyx"), "outer"),
+    (BN, (2, 3, 4, 4), None, "bfloat16", "looped", ("dy", "dyx"), "inner"),
+    (BN1, (9, 6), None, "float32", "split", ("dy", "dyx"), "outer"),
+    # rms: no mean term (only dy*xhat), plus dy when there is a shift
+    ("n c h w : rms over h w ; scale c", (2, 3, 4, 5), NHWC, "bfloat16", None, ("dyx",), "outer"),
+    ("n c h w : rms over h w ; scale c", (2, 3, 4, 5), None, "float16", "split", ("dyx",), "inner"),
+    ("n c h w : rms over h w ; shift c", (2, 3, 4, 5), None, "float32", "looped", ("dy", "dyx"), "inner"),
+    # no scale: g = dy
+    ("n c h w : norm over h w ; shift c", (2, 3, 4, 5), NHWC, "float16", "split", ("dy", "dyx"), "outer"),
+    # parameters over two kept axes (c and w, kept with n), in another order than the statistics
+    ("n c h w : norm over h ; scale c w ; shift c w", (2, 3, 4, 5), NHWC, "float32", None, ("dy", "dyx"),
+     "outer"),
+    # 40 rows per parameter element: the row-finish kernel's warp per element
+    (IN1, (40, 2, 3), None, "bfloat16", "looped", ("dy", "dyx"), "inner"),
+], ids=["in2-nhwc-f32", "in2-nhwc-bf16", "in2-nhwc-f16-split", "in2-nchw-f32-looped", "in2-nchw-bf16-split",
+        "in3-ndhwc-f16", "bn-nhwc-f16", "bn-nchw-bf16-looped", "bn1d-f32-split", "rms-scale-nhwc-bf16",
+        "rms-scale-nchw-f16-split", "rms-shift-nchw-f32-looped", "shift-only-nhwc-f16-split", "scale-cw-nhwc-f32",
+        "in1-40rows-bf16-looped"])
+def test_row_sums_general_path(spec, shape, perm, dtype, schedule, sums, strategy):
+    _, plan = run_bwd(spec, make_x(shape, dtype, perm=perm), schedule=schedule)
+    sp = _spec(spec)
+    want = tuple(o for o, a in (("dscale", sp.scale), ("dshift", sp.shift)) if a is not None)
+    dx = plan.dx
+    assert plan.fused is None and plan.params == () and dx.strategy == strategy
+    assert dx.row_outputs == want and dx.sums == sums and dx.nq == len(sums)
+    assert dx.splits == (2 if schedule == "split" else 1)
+    split_floats = dx.splits * dx.keys * dx.nq if dx.splits > 1 else 0
+    assert dx.row_ws_offset == split_floats and plan.workspace_floats == split_floats + dx.keys * len(want)
+    assert "normc_bwd_row_finish" in plan.describe()
+
+
+@pytest.mark.parametrize("spec,shape,perm,schedule", [
+    (_spec(GN, g=2), (2, 6, 3, 3), NHWC, "looped"),  # scale g k: k is summed in the rows
+    (LN, (5, 12), None, "looped"),  # scale d: varies along the row
+    ("t d : rms over d ; scale d", (3, 40), None, "split"),
+], ids=["gn-nhwc", "ln-looped", "rms-split"])
+def test_row_sums_not_for_parameters_along_the_row(spec, shape, perm, schedule):
+    _, plan = run_bwd(spec, make_x(shape, "float32", perm=perm), schedule=schedule)
+    assert plan.fused is None and plan.dx.row_outputs == () and plan.params
+    assert plan.dx.sums == (("g", "gx") if _spec(spec).stat == "norm" else ("gx",))
+    assert "normc_bwd_row_finish" not in plan.describe()
+
+
+def test_row_sums_mixed_parameters():
+    # scale varies along the row (w is summed), shift does not: dx sums g and g*xhat plus dy for dshift, dscale
+    # keeps the general parameter reduction
+    spec = "n c h w : norm over h w ; scale c w ; shift c"
+    _, plan = run_bwd(spec, make_x((2, 3, 4, 5), "bfloat16", perm=NHWC))
+    assert plan.dx.row_outputs == ("dshift",) and plan.dx.sums == ("g", "gx", "dy")
+    assert [r.outputs for r in plan.params] == [("dscale",)]
+    _, plan = run_bwd(spec.replace("norm", "rms"), make_x((2, 3, 4, 5), "float32"), schedule="split")
+    assert plan.dx.row_outputs == ("dshift",) and plan.dx.sums == ("gx", "dy")
+
+
+@pytest.mark.parametrize("need_dscale,need_dshift,sums", [(False, True, ("dy", "dyx")), (True, False, ("dy", "dyx")),
+                                                           (False, False, ("g", "gx"))])
+def test_row_sums_need_flags(need_dscale, need_dshift, sums):
+    spec = normc.spec(IN2)
+    f = normc.compile(spec)
+    rng = np.random.default_rng(4)
+    x, dy = make_x((2, 3, 4, 5), "float16", perm=NHWC, rng=rng), make_x((2, 3, 4, 5), "float16", perm=NHWC, rng=rng)
+    sc, sh = make_param(3, "float16", rng, 1.0, 0.5), make_param(3, "float16", rng)
+    _, m, r = f(x, sc, sh, return_stats=True)
+    dx, ds, dh = f.backward(dy, x, m, r, sc, need_dscale=need_dscale, need_dshift=need_dshift)
+    rdx, rds, rdh = reference_backward(spec, x, dy, sc)
+    check_grad("dx", dx, rdx, "float16")
+    assert (ds is None) != need_dscale and (dh is None) != need_dshift
+    if need_dscale:
+        check_grad("dscale", ds, rds, "float16")
+    if need_dshift:
+        check_grad("dshift", dh, rdh, "float16")
+    plan = list(f._normc_backward.values())[0].plan
+    assert plan.params == () and plan.dx.sums == sums
+    assert plan.dx.row_outputs == tuple(o for o, n in (("dscale", need_dscale), ("dshift", need_dshift)) if n)
+
+
+@pytest.mark.parametrize("perm,schedule", [(NHWC, None), (None, "split")], ids=["outer", "inner-split"])
+def test_row_sums_determinism(perm, schedule):
+    f = normc.compile(IN2, schedule=schedule)
+    rng = np.random.default_rng(8)
+    x = make_x((3, 4, 3, 5), "bfloat16", perm=perm, rng=rng)
+    dy = make_x((3, 4, 3, 5), "bfloat16", perm=perm, rng=rng)
+    sc, sh = make_param(4, "bfloat16", rng, 1.0, 0.5), make_param(4, "bfloat16", rng)
+    _, m, r = normc.compile(IN2)(x, sc, sh, return_stats=True)
+    a = f.backward(dy, x, m, r, sc)
+    b = f.backward(dy, x, m, r, sc)
+    assert list(f._normc_backward.values())[0].plan.dx.row_outputs == ("dscale", "dshift")
+    for u, v in zip(a, b):
+        assert np.array_equal(u.view(np.uint16), v.view(np.uint16))
+
+
+def _anchor_backward_plans(rows=None):
+    from normc.bench import load_table, precompile_plans
+
+    table = load_table()
+    return [(i, table[i], precompile_plans(table[i], "backward")[1]) for i in (rows or range(len(table)))]
+
+
+def test_anchor_rows_read_x_and_dy_twice():
+    # every anchor row whose parameters are constant along the rows (instance norm in any layout, batch norm)
+    # and that is not fused now reads x and dy twice (dx's two passes); layer norm too long for registers and
+    # group norm keep the parameter reduction (three reads)
+    from normc.bench import backward_passes
+
+    for i, row, bp in _anchor_backward_plans():
+        fam = row["family"]
+        if bp.fused is not None:
+            assert backward_passes(bp) == 1, i
+        elif fam in ("instance", "batch"):
+            assert bp.params == () and bp.dx.row_outputs == ("dscale", "dshift"), i
+            assert backward_passes(bp) == 2, i
+        else:
+            assert fam in ("layer", "rms", "group") and bp.params and backward_passes(bp) == 3, i
+
+
+# one anchor row per dx kernel shape: outer (f32, f16), outer split (f16, f32, 528 CTAs), inner (f16, f32),
+# inner split (f16), batch statistics inner and outer split
+@pytest.mark.parametrize("row", [1, 3, 4, 5, 8, 14, 34, 35, 60, 65, 66])
+def test_anchor_row_sum_kernels_assemble_without_spills(row):
+    from normc.lowering import assemble, lower_backward
+
+    ((_, _, plan),) = _anchor_backward_plans([row])
+    assert plan.fused is None and plan.params == () and plan.dx.row_outputs
+    ks = lower_backward(plan)
+    names = [k.source.split("(")[0].split()[-1] for k in ks]
+    assert names[-1] == "normc_bwd_row_finish" and not any(n.startswith("normc_bwd_param") for n in names)
+    for k in ks:
+        _, use = assemble(k.ptx, "sm_90")
+        assert use.spill_stores == 0 and use.spill_loads == 0 and use.stack == 0, (k.entry, use.log)
+        assert 0 < use.registers <= 65536 // k.block
+
+
+# ----------------------------------------------------------------------------------------------------
 # plans of large shapes (not run)
 
 
@@ -304,7 +448,9 @@ def test_wide_layer_norm_and_nhwc_instance_plans():
     assert plan.workspace_floats * 4 <= 16384 * 4096 * 6 / 8
     plan = plan_backward(IN2, (256, 128, 28, 28), "float16", layout="n h w c")
     assert plan.dx.strategy == "outer" and plan.dx.vec == 8 and plan.fused is None
-    assert plan.params[0].strategy == "outer" and plan.params[0].grid >= 132
+    # scale c is constant along each row: dscale/dshift from dx's per-row sums, no parameter reduction
+    assert plan.params == () and plan.dx.row_outputs == ("dscale", "dshift") and plan.dx.sums == ("dy", "dyx")
+    assert plan.workspace_floats == 2 * 256 * 128
     # rows too long for registers keep the general (two-pass) path
     plan = plan_backward(LN, (64, 16384), "float32")
     assert plan.fused is None and plan.params[0].outputs == ("dscale", "dshift")
