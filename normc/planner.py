@@ -26,7 +26,10 @@ Decision tree (``docs/planner.md`` explains it at length; the constants below ca
       (2026-12-01, tests/gpu_sweep.py): 64 x 2M float32 523-543 us vs 466; 64 x 2M float16 296-311 vs 268;
       10 x 10M float32 616-631 vs 447; 100 x 1M 549-560 vs 391; 4 x 10M 477-498 vs 286. Its kernels need
       62-109 registers, so one 512-thread CTA per SM runs, and every CTA idles while its row's slowest CTA
-      finishes (more splits per row were slower still: 132 splits 856 us vs 44 splits 543 us).
+      finishes (more splits per row were slower still: 132 splits 856 us vs 44 splits 543 us). Not the waits
+      alone: a version pipelined by one round (reduce item k, then finish item k - 1, whose row was complete
+      a round earlier) was no faster (64 x 2M float32: 530 us vs 523; 4 x 10M: 472 vs 477); one 512-thread
+      CTA per SM keeps too few loads in flight. ``COOP_DEFAULT`` switches it on for sweeps.
 * **tiling**: vector width from alignment and extents (never from the dtype alone), threads per row,
   rows per CTA, values per thread.
 """
@@ -80,6 +83,10 @@ INNER_LOOPED_MIN_ROWS_PER_SM = 1
 MIXED_MAX_SPLIT_PARTIALS = 32768
 # Streaming CTAs per SM that the split schedule aims for (4 x 512 threads = one full SM).
 SPLIT_CTAS_PER_SM = 4
+# Whether inner rows too long for one CTA and too few to fill the GPU get the coop schedule (1) or the
+# two-kernel split (0) by default; forced or autotuned plans can use either. 0: coop measured slower (see
+# the module docstring).
+COOP_DEFAULT = 0
 # Coop schedule: 512-thread CTAs per SM the co-resident grid is planned with, and so the most CTAs per row
 # (splits <= this x SMs, which the runtime's grid of min(planned, co-resident) CTAs always covers). Its kernels
 # use 62-109 registers per thread (ptxas at sm_90, anchor rows), so one 512-thread CTA fits an SM; a cap of 64
@@ -446,6 +453,12 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
                 why.append(
                     f"row of {p.reduced} exceeds the registers of a {MAX_PERSISTENT_THREADS}-thread CTA; "
                     f"{K} rows >= {sms} SMs: one CTA per row, Welford loop then re-read"
+                )
+            elif COOP_DEFAULT:
+                schedule = "coop"
+                why.append(
+                    f"only {K} rows (< {sms} SMs) of {p.reduced}: split each row over CTAs of a co-resident "
+                    f"grid, partial Welford to a workspace, then merge and normalize in the same kernel"
                 )
             else:
                 schedule = "split"

@@ -17,10 +17,17 @@ import itertools
 import os
 
 
+_ORIGINAL = None  # the planner's constants as imported (pool workers are reused across variants)
+
+
 def apply(variant):
+    """Set the planner constants of ``variant`` on top of the planner's original values."""
+    global _ORIGINAL
     from normc import planner
 
-    for k, v in variant.items():
+    if _ORIGINAL is None:
+        _ORIGINAL = {k: getattr(planner, k) for k in dir(planner) if k.isupper()}
+    for k, v in {**_ORIGINAL, **variant}.items():
         setattr(planner, k, v)
 
 
