@@ -113,12 +113,24 @@ def test_inner_split(spec):
     run_case(spec, make_x((2, 700), "float32"), schedule="split", expect=("inner", "split"))
 
 
-@pytest.mark.parametrize("spec, dtype", [(LN, "float32"), (RMS, "float32"), (LN, "bfloat16")],
-                         ids=["norm", "rms", "norm-bf16"])
+@pytest.mark.parametrize("text, shape, dtype", [
+    ("t d : norm over d ; scale d ; shift d", (2, 520), "bfloat16"),
+    ("n c h w : norm over c h w ; scale c h w ; shift c h w", (3, 4, 5, 30), "float32"),
+    ("t d : rms over d ; shift d", (2, 333), "float16"),
+], ids=["layer-bf16", "layer-3axes", "rms-shift-only-odd"])
+def test_inner_split_column_major_finish(text, shape, dtype):
+    """Split layer/RMS norm: the second kernel takes a column slice of every row (scale/shift read once)."""
+    from normc.lowering import generate
+
+    _, _, _, plan = run_case(normc.spec(text), make_x(shape, dtype), schedule="split", expect=("inner", "split"))
+    assert "sMe" in generate(plan)[1].source  # the per-row statistics table of the column-major kernel
+
+
+@pytest.mark.parametrize("spec, dtype", [(LN, "bfloat16"), (RMS, "float32")], ids=["norm-bf16", "rms"])
 def test_inner_coop(spec, dtype):
     """The cooperative split: 2 CTAs per row wait on the row's arrival counter, 3 rows walked one at a time by
     a grid of 2 (the simulator runs the grid as one block, so the CTAs really do wait for each other)."""
-    _, _, _, plan = run_case(spec, make_x((3, 700), dtype), schedule="coop", expect=("inner", "coop"))
+    _, _, _, plan = run_case(spec, make_x((3, 600), dtype), schedule="coop", expect=("inner", "coop"))
     assert (plan.splits, plan.grid) == (2, 2)
     assert plan.workspace_floats == 3 * 3 * 2 + 3  # partials, then one counter per row
 
