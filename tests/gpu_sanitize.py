@@ -30,6 +30,12 @@ CASES = [
     ("inner-persistent-rms-bf16", "t d : rms over d ; scale d", {}, (33, 520), None, "bfloat16", None),
     ("inner-looped", "t d : norm over d ; scale d ; shift d", {}, (5, 20011), None, "float16", "looped"),
     ("inner-split", "t d : norm over d ; scale d ; shift d", {}, (3, 30001), None, "float32", "split"),
+    # per-row parameters: the row-wise second kernel (layer norm above takes the column-major one)
+    ("inner-split-instance", "n c h w : norm over h w ; scale c ; shift c", {}, (2, 3, 97, 101), None,
+     "float16", "split"),
+    # cooperative grid: CTAs spin on per-row arrival counters
+    ("inner-coop", "t d : norm over d ; scale d ; shift d", {}, (3, 30001), None, "float32", "coop"),
+    ("inner-coop-bf16", "t d : rms over d ; scale d", {}, (5, 40000), None, "bfloat16", "coop"),
     ("outer-persistent", "n c h w : norm over h w ; scale c ; shift c", {}, (3, 37, 5, 7), (0, 2, 3, 1),
      "float32", None),
     ("outer-looped", "n c h w : norm over h w ; scale c ; shift c", {}, (2, 40, 9, 11), (0, 2, 3, 1),
@@ -97,7 +103,7 @@ def run_cases() -> int:
             err = ((y.double() - yr).abs().max() / yr.abs().max().clamp_min(1)).item()
             want = name.split("-")[:2]  # the plan the case is named after, where the name says
             ok = err <= TOL[dtype]
-            if want[1] in ("persistent", "looped", "split"):
+            if want[1] in ("persistent", "looped", "split", "coop"):
                 ok = ok and [plan.strategy, plan.schedule] == want
             if want[1] == "cluster":
                 ok = ok and plan.strategy == want[0] and plan.cluster > 1
