@@ -64,6 +64,7 @@ SCALE_STEPS = tuple((2.0**k, 2.0**-k) for k in (32, 64, 96))
 # (scl = 1 keeps any eps >= FLT_MIN exactly), and FLT_MIN is below 2^-49 of the smallest non-zero scaled
 # variance of a scaled reduction (|pivot * scl| >= 1, a deviation >= one float32 ulp of it, n <= 2^31).
 FLT_MIN = 2.0**-126
+FLT_MAX = 3.4028234663852886e38
 
 
 @dataclass(frozen=True)
@@ -263,6 +264,16 @@ class _Kernel(_Emitter):
             return "F32(0.0)"
         return f"max(F32({eps!r}) * {scl} * {scl}, F32({FLT_MIN!r}))"
 
+    def rstd_of(self, g, var, eps):
+        """Emit ``rstd = rsqrt(var + eps)`` for the variance (or mean square) expression ``var``, where a
+        variance that overflowed float32 (finite inputs whose squared deviations sum past FLT_MAX: float32
+        above ~1.8e19, or bfloat16 whose scale is chosen from a far smaller pivot, docs/accuracy.md "Known
+        limits") becomes NaN, so the reduction's y and rstd are NaN rather than a silent rstd = 0, y = shift.
+        ``v > FLT_MAX`` is true only for +inf; ``v - v`` is then NaN. Leaves the guarded variance in ``v``."""
+        g(f"v = {var}")
+        g(f"v = sel(v > F32({FLT_MAX!r}), v - v, v)  # an overflowed variance: NaN, not rstd = 0")
+        g(f"rstd = rsqrt(v + {eps})")
+
     def emit_scaled_rstd(self, g, var, scl):
         """Scaled statistics -> ``ra`` (the factor y applies to scaled deviations: rstd / scl) and ``rstd``
         (unscaled, what is written), from ``var``, the variance (norm) or mean square (rms) of the values
@@ -271,10 +282,11 @@ class _Kernel(_Emitter):
         finite through the FLT_MIN floor), whose rstd is 1/sqrt(eps) (inf for eps = 0), as unscaled."""
         p = self.p
         if p.stat == "rms":
-            g(f"rstd = rsqrt({var} + {self.eps_scaled(scl)}) * {scl}")
+            self.rstd_of(g, var, self.eps_scaled(scl))
+            g(f"rstd = rstd * {scl}")
             return
-        g(f"v = {var}")
-        g(f"ra = rsqrt(v + {self.eps_scaled(scl)})")
+        self.rstd_of(g, var, self.eps_scaled(scl))
+        g("ra = rstd")
         g(f"rstd = sel(v == F32(0.0), rsqrt(F32({p.eps!r})), ra * {scl})")
 
     def acc_init(self, g):
@@ -519,9 +531,9 @@ class _Inner(_Kernel):
                     g("st1_f32(rp, mb, rstd)")
             return
         if p.stat == "norm":
-            g(f"rstd = rsqrt(m2 / n + F32({p.eps!r}))")
+            self.rstd_of(g, "m2 / n", f"F32({p.eps!r})")
         else:
-            g(f"rstd = rsqrt(q / F32({float(p.reduced)!r}) + F32({p.eps!r}))")
+            self.rstd_of(g, f"q / F32({float(p.reduced)!r})", f"F32({p.eps!r})")
             g("mean = F32(0.0)")
         if p.stats:
             with g.block(f"if {write_cond}:"):
@@ -1188,9 +1200,9 @@ class _Outer(_Kernel):
     def emit_rstd(self, g):
         p = self.p
         if p.stat == "norm":
-            g(f"rstd = rsqrt(m2 / max(n, F32(1.0)) + F32({p.eps!r}))")
+            self.rstd_of(g, "m2 / max(n, F32(1.0))", f"F32({p.eps!r})")
         else:
-            g(f"rstd = rsqrt(m2 / F32({float(p.reduced)!r}) + F32({p.eps!r}))")
+            self.rstd_of(g, f"m2 / F32({float(p.reduced)!r})", f"F32({p.eps!r})")
             g("mean = F32(0.0)")
 
     def emit_normalize(self, g):
@@ -1359,7 +1371,7 @@ class _Outer(_Kernel):
             else:
                 g("mean = sMu[lc]" if p.stat == "norm" else "mean = F32(0.0)")
                 wmean = "mean + sPv[lc]" if p.stat == "norm" else "mean"  # written: the unshifted mean
-                g(f"rstd = rsqrt({qsrc}[lc] / F32({cnt!r}) + F32({p.eps!r}))")
+                self.rstd_of(g, f"{qsrc}[lc] / F32({cnt!r})", f"F32({p.eps!r})")
             if p.stats:
                 if p.strategy == "mixed":
                     gst = self.block[0].stat

@@ -64,11 +64,11 @@ LARGE_MEAN_SHAPES = {
 # Known limits (docs/accuracy.md, "Known limits"); the strict xfails turn into failures once fixed.
 FLOAT32_SQUARE_LIMIT = (
     "float32 inputs are not scaled (lowering/codegen.py SCALED_DTYPES: it would cost registers): squares of "
-    "x - pivot above FLT_MAX (|x - pivot| > 1.8e19) overflow the variance: rstd = 0 and y = shift, or NaN"
+    "x - pivot above FLT_MAX (|x - pivot| > 1.8e19) overflow the variance: that reduction's y and rstd are NaN"
 )
 SMALL_PIVOT_LIMIT = (
     "the scale comes from the reduction's first value (its pivot): a pivot far smaller than the other values "
-    "(here 1.0 before values near 3e38) leaves scl = 1, and their squares overflow as unscaled"
+    "(here 1.0 before values near 3e38) leaves scl = 1, and their squares overflow as unscaled (y, rstd NaN)"
 )
 
 
@@ -305,6 +305,33 @@ def test_bfloat16_small_pivot_before_near_max_values():
     x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run("inner-persistent", values=vals, dtype="bfloat16")
     check_y(y, ry, "bfloat16")
     check_near_max_stats(x, mean, rstd, rm, rr)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["inner-persistent", "inner-looped", "outer-looped", "mixed-split"])
+def test_overflowed_variance_is_nan_not_shift(name, dtype):
+    """The known limits above, made loud: a reduction whose squared deviations overflow float32 (float32 near
+    3e38; bfloat16 near 3e38 after a pivot of 1.0) gets NaN y and rstd, never rstd = 0 and y = shift (a
+    silently wrong, finite result); every other reduction stays finite and accurate."""
+    shape = case(name)[2]
+
+    def fill(j, n):
+        if j % 2:
+            return np.random.default_rng(j).normal(5.0, 2.0, n)  # an ordinary reduction
+        v = np.random.default_rng(j).uniform(-0.95, 0.95, n) * 3.0e38
+        v[0] = 1.0  # the pivot (first value): bfloat16's scale stays 1
+        return v
+
+    vals = per_reduction(name, shape, fill)
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, values=vals, dtype=dtype)
+    over = np.zeros(rr.shape, bool)
+    over.flat[::2] = True  # reductions 0, 2, 4, ... (kept indices in order)
+    assert np.isnan(rstd[over]).all() and np.isfinite(rstd[~over]).all()
+    np.testing.assert_allclose(rstd[~over], rr[~over], rtol=1e-3)
+    yy = np.asarray(y, np.float64)
+    kept_nan = np.isnan(yy)
+    assert kept_nan.any() and not np.isnan(ry).any()  # the reference is finite: normc says it cannot be
+    assert np.isfinite(yy[~kept_nan]).all()
 
 
 @pytest.mark.parametrize("name", ["inner-persistent", "outer-looped", "mixed-split"])
