@@ -204,7 +204,8 @@ def namespace(cluster=1, threads=1, blocks=1) -> dict:
         "cuda": cuda if cluster == 1 else _ClusterCuda(cluster, threads, blocks), "I64": _i64, "F32": np.float32,
         "F32T": np.float32, "rsqrt": rsqrt, "shfl_xor": shfl_xor, "shfl_idx": shfl_idx,
         "cluster_arrive": cluster_arrive, "cluster_wait": cluster_wait, "dsmem_ld": dsmem_ld,
-        "arrive_u32": arrive_u32, "acquire_u32": acquire_u32, "ldcg_f32": _make_ld("f32", 1), "min": min, "max": max, "range": range,
+        "arrive_u32": arrive_u32, "acquire_u32": acquire_u32, "ldcg_f32": _make_ld("f32", 1),
+        "min": min, "max": max, "range": range,
     }
     for tag in TAGS:
         for w in WIDTHS[tag]:

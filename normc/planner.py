@@ -534,6 +534,9 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
 
 def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUSTER_SIZES):
     axes = p.axes
+    if force == "coop":
+        why.append(f"the coop schedule exists for the inner strategy only: not forced ({strategy})")
+        force = None
     sms = common["sms"]
     block = list(axes[-2:]) if strategy == "mixed" else [axes[-1]]
     cb = math.prod(a.size for a in block)
