@@ -265,13 +265,21 @@ class _Kernel(_Emitter):
         return f"max(F32({eps!r}) * {scl} * {scl}, F32({FLT_MIN!r}))"
 
     def rstd_of(self, g, var, eps):
-        """Emit ``rstd = rsqrt(var + eps)`` for the variance (or mean square) expression ``var``, where a
-        variance that overflowed float32 (finite inputs whose squared deviations sum past FLT_MAX: float32
-        above ~1.8e19, or bfloat16 whose scale is chosen from a far smaller pivot, docs/accuracy.md "Known
-        limits") becomes NaN, so the reduction's y and rstd are NaN rather than a silent rstd = 0, y = shift.
-        ``v > FLT_MAX`` is true only for +inf; ``v - v`` is then NaN. Leaves the guarded variance in ``v``."""
+        """Emit ``rstd = rsqrt(var + eps)`` for the variance (or mean square) expression ``var``; leaves it
+        in ``v``.
+
+        For ``norm``, a variance of +inf can only come from finite inputs whose squared deviations summed
+        past FLT_MAX (float32 above ~1.8e19, or bfloat16 whose scale came from a far smaller pivot,
+        docs/accuracy.md "Known limits"): an Inf input makes the mean infinite and the deviations NaN. Such
+        a variance becomes NaN (``v > FLT_MAX`` holds only for +inf, and ``v - v`` is then NaN), so that
+        reduction's y and rstd are NaN rather than a silent rstd = 0, y = shift.
+
+        For ``rms`` the same +inf mean square also comes from an Inf input, where the reference (and
+        torch) give rstd = 0, y = 0 at finite x and NaN at the Inf; the two cannot be told apart from the
+        mean square alone, so rms keeps rsqrt(inf) = 0 and the reference's semantics for Inf inputs."""
         g(f"v = {var}")
-        g(f"v = sel(v > F32({FLT_MAX!r}), v - v, v)  # an overflowed variance: NaN, not rstd = 0")
+        if self.p.stat == "norm":
+            g(f"v = sel(v > F32({FLT_MAX!r}), v - v, v)  # an overflowed variance: NaN, not rstd = 0")
         g(f"rstd = rsqrt(v + {eps})")
 
     def emit_scaled_rstd(self, g, var, scl):
