@@ -558,8 +558,42 @@ _kernel_memo = {}
 _memo_lock = threading.Lock()
 
 
+def _lowering_dir() -> str:
+    """The folder of normc.lowering's sources (the code that turns a plan into kernel source)."""
+    import os
+
+    from .. import lowering
+
+    return os.path.dirname(lowering.__file__)
+
+
+_source_memo = {}
+
+
+def source_digest() -> str:
+    """First 16 hex digits of the SHA-256 of normc.lowering's ``*.py`` files, read once per process.
+
+    The plan keys what the kernels must do; these sources key how they are written. An editable install or a
+    patched tree keeps normc's version while the generated kernels change, and must miss the disk cache."""
+    import hashlib
+    import os
+
+    d = _lowering_dir()
+    hit = _source_memo.get(d)
+    if hit is None:
+        h = hashlib.sha256()
+        for name in sorted(os.listdir(d)):
+            if name.endswith(".py"):
+                h.update(name.encode() + b"\0")
+                with open(os.path.join(d, name), "rb") as f:
+                    h.update(f.read())
+        hit = _source_memo[d] = h.hexdigest()[:16]
+    return hit
+
+
 def versions() -> dict:
-    """Versions that key the disk cache: normc, NVVM, driver."""
+    """What keys the disk cache besides the plan and the target: normc's version, the digest of its kernel
+    generator's sources (:func:`source_digest`), NVVM's and the driver's versions."""
     from .. import __version__
     from . import gpu
 
@@ -569,7 +603,7 @@ def versions() -> dict:
         nvvm = ".".join(map(str, NVVM().get_version()))
     except Exception:
         nvvm = "?"
-    return {"normc": __version__, "nvvm": nvvm, "driver": gpu.driver_version()}
+    return {"normc": __version__, "source": source_digest(), "nvvm": nvvm, "driver": gpu.driver_version()}
 
 
 def compiled_kernels(plan, cc) -> list:

@@ -231,8 +231,8 @@ def test_existing_entries_load_from_a_read_only_directory(cache_dir, count_lower
 # Versions and targets key the cache
 
 
-@pytest.mark.parametrize("what", ["normc", "nvvm", "driver", "arch"])
-def test_version_or_target_change_misses(cache_dir, count_lowering, monkeypatch, what):
+@pytest.mark.parametrize("what", ["normc", "source", "nvvm", "driver", "arch"])
+def test_version_or_target_change_misses(cache_dir, count_lowering, monkeypatch, what, tmp_path):
     """Change the *real* sources that versions() reads (not versions() itself): a miss and a second entry;
     changing back hits the first entry again."""
     plan = _plan()
@@ -243,6 +243,14 @@ def test_version_or_target_change_misses(cache_dir, count_lowering, monkeypatch,
         m.setattr(rt, "_kernel_memo", {})
         if what == "normc":
             m.setattr(normc, "__version__", "99.0.0")
+        elif what == "source":  # the same version, one generator file edited (an editable install)
+            import shutil
+
+            src = tmp_path / "lowering"
+            shutil.copytree(rt._lowering_dir(), src, ignore=shutil.ignore_patterns("__pycache__"))
+            with open(src / "codegen.py", "a") as f:
+                f.write("\n# edited\n")
+            m.setattr(rt, "_lowering_dir", lambda: str(src))
         elif what == "nvvm":
             import numba.cuda.cudadrv.nvvm as nvvm
 
@@ -264,7 +272,8 @@ def test_version_or_target_change_misses(cache_dir, count_lowering, monkeypatch,
 
 def test_versions_names_every_part():
     v = rt.versions()
-    assert set(v) == {"normc", "nvvm", "driver"} and v["normc"] == normc.__version__
+    assert set(v) == {"normc", "source", "nvvm", "driver"} and v["normc"] == normc.__version__
+    assert re.fullmatch(r"[0-9a-f]{16}", v["source"])
     assert re.fullmatch(r"\d+(\.\d+)*|\?", v["nvvm"]) and isinstance(v["driver"], int)
 
 
