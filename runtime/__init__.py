@@ -234,7 +234,8 @@ class Compiled:
         self.schedule = schedule
         self.use_tuning = use_tuning
         self._table = {}
-        self._fast = {}
+        self._fast = {}  # torch-tensor keys -> closures that only allocate and launch (forward)
+        self._bfast = {}  # the same for the backward (runtime/backward.py)
         self._lock = threading.Lock()
 
     def __repr__(self):
@@ -246,10 +247,11 @@ class Compiled:
         arguments, the output's dtype and layout, and the errors."""
         tt = _torch_tensor_type()
         fk = None
-        if type(x) is tt and out is None and stream is None and not return_stats:
+        if type(x) is tt and out is None and stream is None and (return_stats is False or return_stats is True):
             # Hot path for torch tensors: one dict probe on attributes torch reads in C, then allocate and
             # launch. Everything else (validation, planning, compiling) happened when the key was first seen.
-            fk = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, _tkey(scale, tt), _tkey(shift, tt))
+            fk = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, _tkey(scale, tt), _tkey(shift, tt),
+                  return_stats)
             fast = self._fast.get(fk)
             if fast is not None:
                 return fast(x, scale, shift)
@@ -307,7 +309,7 @@ class Compiled:
             for k in entry.kernels:
                 k.launcher(s, *ptrs)
             if fk is not None and fk[5] is not False and fk[6] is not False:
-                self._fast[fk] = _torch_fast_path(entry, xi.device)
+                self._fast[fk] = _torch_fast_path(entry, xi.device, return_stats)
         elif math.prod(xi.shape) > 0:
             from .simulate import run
 
@@ -493,8 +495,21 @@ def _tkey(t, tt):
     return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
 
 
-def _torch_fast_path(entry, device):
-    """A closure that allocates y and launches ``entry``'s kernels for torch tensors, with nothing else."""
+def _torch_raw_stream():
+    """``f(device) -> int``: the handle of torch's current stream on a device, by the cheapest call available."""
+    import torch
+
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw_stream is None:
+        def raw_stream(d):
+            return torch.cuda.current_stream(d).cuda_stream
+    return raw_stream
+
+
+def _torch_fast_path(entry, device, stats=False):
+    """A closure ``fast(x, scale, shift)`` that allocates y (and, with ``stats``, the float32 mean and rstd of
+    shape ``entry.stat_shape``) and launches ``entry``'s kernels for torch tensors, with nothing else; it
+    returns what :meth:`Compiled.__call__` would (``y`` or ``(y, mean, rstd)``)."""
     import torch
 
     from . import gpu
@@ -502,15 +517,31 @@ def _torch_fast_path(entry, device):
     shape, strides = tuple(entry.out_shape), tuple(entry.out_strides)
     dtype = getattr(torch, entry.out_dtype)
     dev = torch.device("cuda", device)
-    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw_stream is None:
-        def raw_stream(d):
-            return torch.cuda.current_stream(d).cuda_stream
+    raw_stream = _torch_raw_stream()
     empty_strided = torch.empty_strided
     f32 = torch.float32
     nws = entry.ws
     launchers = [k.launcher for k in entry.kernels]  # (stream_handle: int, *pointers)
     set_device = gpu.set_device
+
+    if stats:
+        st_shape = tuple(entry.stat_shape)
+        st_strides = dense_like(st_shape, range(len(st_shape), 0, -1))
+
+        def fast(x, scale, shift):
+            y = empty_strided(shape, strides, dtype=dtype, device=dev)
+            mean = empty_strided(st_shape, st_strides, dtype=f32, device=dev)
+            rstd = empty_strided(st_shape, st_strides, dtype=f32, device=dev)
+            ws = empty_strided((nws,), (1,), dtype=f32, device=dev).data_ptr() if nws else 0
+            set_device(device)
+            s = raw_stream(device)
+            ptrs = (x.data_ptr(), y.data_ptr(), 0 if scale is None else scale.data_ptr(),
+                    0 if shift is None else shift.data_ptr(), mean.data_ptr(), rstd.data_ptr(), ws)
+            for launch in launchers:
+                launch(s, *ptrs)
+            return y, mean, rstd
+
+        return fast
 
     if len(launchers) == 1 and not nws:  # most plans: one kernel, no workspace
         (launch,) = launchers

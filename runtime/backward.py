@@ -210,8 +210,19 @@ def _relayout(gi, strides):
 
 def backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_dshift=True, stream=None):
     """Gradients of ``compiled``'s normalization; see :meth:`normc.runtime.Compiled.backward`."""
-    from . import _check_contexts, _LaunchStream
+    from . import _check_contexts, _LaunchStream, _tkey, _torch_tensor_type
 
+    tt = _torch_tensor_type()
+    fk = None
+    if (type(x) is tt and type(dy) is tt and type(rstd) is tt and stream is None
+            and (need_dscale is True or need_dscale is False) and (need_dshift is True or need_dshift is False)):
+        # Hot path for torch tensors, as the forward's (Compiled.__call__): a key of what torch reads in C;
+        # the validation and the plan were done when the key was first seen.
+        fk = (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15, dy.shape, dy.stride(), dy.dtype,
+              dy.data_ptr() & 15, _tkey(mean, tt), _tkey(rstd, tt), _tkey(scale, tt), need_dscale, need_dshift)
+        fast = compiled._bfast.get(fk)
+        if fast is not None:
+            return fast(dy, x, mean, rstd, scale)
     launch = _LaunchStream(stream, x)
     xi = describe(x, "x", launch)
     gi = describe(dy, "dy", launch)
@@ -228,6 +239,7 @@ def backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_
     if not _same_layout(xi.shape, gi.strides, dx_strides):
         dy = _relayout(gi, dx_strides)
         gi = describe(dy, "dy")
+        fk = None  # the fast path launches on dy as given: only for a dy already in x's memory order
     key = (xi.kind, xi.shape, xi.strides, xi.dtype, xi.device, pointer_align(xi.ptr), gi.dtype,
            pointer_align(gi.ptr), None if si is None else (si.shape, si.dtype, pointer_align(si.ptr)),
            need_dscale, need_dshift)
@@ -289,4 +301,50 @@ def backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_
     s = launch()  # the raw handle (Loaded.launcher looks up its cached cuda.core Stream)
     for k in entry.kernels:
         k.launcher(s, *ptrs)
+    if fk is not None and fk[9] is not False and fk[11] is not False:
+        compiled._bfast[fk] = _torch_fast_path(entry, xi.device, xi.shape, xi.dtype, need_dscale, need_dshift)
     return dx, dscale, dshift
+
+
+def _torch_fast_path(entry, device, shape, dtype, need_dscale, need_dshift):
+    """A closure ``fast(dy, x, mean, rstd, scale) -> (dx, dscale, dshift)`` for torch tensors whose key matched
+    a validated call: allocates dx (x's ``shape``, ``dtype`` name and memory order), the parameter gradients
+    asked for and the float32 workspace, and launches ``entry``'s kernels on torch's current stream."""
+    import torch
+
+    from . import _torch_raw_stream, gpu
+
+    plan = entry.plan
+    dev = torch.device("cuda", device)
+    raw_stream = _torch_raw_stream()
+    empty_strided = torch.empty_strided
+    shape, dx_strides, dt = tuple(shape), tuple(entry.dx_strides), getattr(torch, dtype)
+    f32 = torch.float32
+    nws = plan.workspace_floats
+    launchers = [k.launcher for k in entry.kernels]
+    set_device = gpu.set_device
+
+    def param(want, shp, pdt):
+        if not want:
+            return None
+        shp = tuple(shp)
+        return shp, dense_like(shp, range(len(shp), 0, -1)), getattr(torch, pdt)
+
+    ds = param(need_dscale, entry.dscale_shape, plan.dscale_dtype)
+    dh = param(need_dshift, entry.dshift_shape, plan.dshift_dtype)
+
+    def fast(dy, x, mean, rstd, scale):
+        dx = empty_strided(shape, dx_strides, dtype=dt, device=dev)
+        dscale = None if ds is None else empty_strided(ds[0], ds[1], dtype=ds[2], device=dev)
+        dshift = None if dh is None else empty_strided(dh[0], dh[1], dtype=dh[2], device=dev)
+        ws = empty_strided((nws,), (1,), dtype=f32, device=dev).data_ptr() if nws else 0
+        set_device(device)
+        s = raw_stream(device)
+        ptrs = (dy.data_ptr(), x.data_ptr(), 0 if scale is None else scale.data_ptr(),
+                0 if mean is None else mean.data_ptr(), rstd.data_ptr(), dx.data_ptr(), ws,
+                0 if dscale is None else dscale.data_ptr(), 0 if dshift is None else dshift.data_ptr())
+        for launch in launchers:
+            launch(s, *ptrs)
+        return dx, dscale, dshift
+
+    return fast

@@ -3,8 +3,10 @@
     python tests/gpu_overhead.py
 
 Prints the median wall time per call (no synchronization) of: a full normc call on torch tensors (the cached
-fast path: allocate y, launch), torch.empty_strided alone, cuda.core's launch alone, the hot path's launcher alone (pointers prepared), and
-torch.nn.functional.layer_norm for comparison.
+fast path: allocate y, launch), the same with return_stats and the backward (their own fast paths),
+torch.empty_strided alone, cuda.core's launch alone, the hot path's launcher alone (pointers prepared),
+torch.nn.functional.layer_norm for comparison, and one forward+backward step of normc.torch.LayerNorm against
+torch.nn.LayerNorm (host time per training step of one layer).
 """
 
 import time
@@ -40,19 +42,34 @@ def main():
     y = torch.empty_like(x)
     sh = torch.cuda.current_stream().cuda_stream
     xp, yp, wp, bp = x.data_ptr(), y.data_ptr(), w.data_ptr(), b.data_ptr()
+    _, mean, rstd = f(x, w, b, return_stats=True)
+    dy = torch.randn_like(x)
+    f.backward(dy, x, mean, rstd, w)
+
+    import normc.torch
+
+    xg = x.clone().requires_grad_(True)
+    mods = {"normc": normc.torch.LayerNorm(1024).cuda(), "torch": torch.nn.LayerNorm(1024).cuda()}
+
+    def step(m):
+        m(xg).backward(dy)
+
     rows = {
         "normc call (torch in/out)": lambda: f(x, w, b),
         "normc call, return_stats": lambda: f(x, w, b, return_stats=True),
+        "normc backward": lambda: f.backward(dy, x, mean, rstd, w),
         "torch.empty_strided": lambda: torch.empty_strided((256, 1024), (1024, 1), dtype=torch.float32, device="cuda"),
         "cuda.core launch only": lambda: gpu.launch(s, k.config, k.kernel, x.data_ptr(), y.data_ptr(), w.data_ptr(),
                                                     b.data_ptr(), 0, 0, 0),
         "launcher (raw stream int)": lambda: k.launcher(sh, xp, yp, wp, bp, 0, 0, 0),
         "torch layer_norm": lambda: torch.nn.functional.layer_norm(x, (1024,), w, b),
+        "normc.torch LayerNorm fwd+bwd": lambda: step(mods["normc"]),
+        "torch.nn.LayerNorm fwd+bwd": lambda: step(mods["torch"]),
     }
     for name, fn in rows.items():
         us = per_call(fn)
         torch.cuda.synchronize()
-        print(f"{name:28s} {us:6.2f} us/call")
+        print(f"{name:30s} {us:6.2f} us/call")
 
 
 if __name__ == "__main__":

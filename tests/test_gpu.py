@@ -96,3 +96,56 @@ def test_host_array_rejected_on_gpu_machine():
     f = normc.compile(normc.layer_norm(elementwise_affine=False))
     with pytest.raises(normc.ArgumentError, match="x is a host array"):
         f(np.ones((2, 3), np.float32))
+
+
+@pytest.mark.parametrize("case", ["layer-f32", "rms-bf16", "instance-nhwc-f16-split"])
+def test_fast_paths_match_the_validating_path(case):
+    """The torch hot paths (forward with and without statistics, backward) take over from the second call
+    with the same key: their outputs equal the first (validating) call's bit for bit, on fresh tensors of
+    the same layout, and a new dtype or layout takes the validating path again."""
+    torch = pytest.importorskip("torch")
+    import math
+
+    import normc
+    import normc.torch
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    if case == "layer-f32":
+        spec, shape, dt, cl = normc.layer_norm(), (37, 129), torch.float32, False
+    elif case == "rms-bf16":
+        spec, shape, dt, cl = normc.rms_norm(), (300, 4096), torch.bfloat16, False
+    else:
+        spec, shape, dt, cl = normc.instance_norm(2), (2, 32, 256, 256), torch.float16, True
+    f = normc.compile(spec)
+    sizes = spec.axis_sizes(shape)
+    npar = math.prod(sizes[a] for a in spec.scale)
+
+    def fresh(dt):
+        def t(n):
+            v = torch.randn(n, device="cuda", generator=g).to(dt)
+            return v.to(memory_format=torch.channels_last) if cl and v.dim() == 4 else v
+
+        return t(shape), t(npar), None if spec.shift is None else t(npar), t(shape)
+
+    def run(x, w, b, dy):
+        args = (x, w) if b is None else (x, w, b)
+        y1 = f(*args)
+        y, mean, rstd = f(*args, return_stats=True)
+        grads = f.backward(dy, x, mean if spec.stat == "norm" else None, rstd, w)
+        return (y1, y, mean, rstd) + tuple(t for t in grads if t is not None)
+
+    x, w, b, dy = fresh(dt)
+    first = run(x, w, b, dy)  # validating path: builds the entries and installs the fast paths
+    assert len(f._fast) == 2 and len(f._bfast) == 1
+    again = run(x.clone(memory_format=torch.preserve_format), w.clone(), None if b is None else b.clone(),
+                dy.clone(memory_format=torch.preserve_format))
+    torch.cuda.synchronize()
+    for a, c in zip(first, again):
+        assert a.shape == c.shape and a.stride() == c.stride() and a.dtype == c.dtype
+        assert torch.equal(a, c)
+    # and they are right: y against float64 torch, with the statistics' layout
+    ref = normc.torch.reference_forward(spec, x.double(), w.double(), None if b is None else b.double())
+    assert (again[1].double() - ref[0]).abs().max().item() <= 2e-2 * ref[0].abs().max().item()
+    assert (again[3].double() - ref[2]).abs().max().item() <= 1e-3 * ref[2].abs().max().item()
+    run(*fresh(torch.bfloat16 if dt == torch.float32 else torch.float32))  # another key: validated again
+    assert len(f._fast) == 4 and len(f._bfast) == 2
