@@ -3,9 +3,9 @@
 Location: ``$NORMC_CACHE_DIR`` if set, else the user's cache directory from ``platformdirs``
 (``~/.cache/normc`` on Linux). Each entry is one JSON file named by the SHA-256 of its key; the key covers
 normc's version, a digest of its kernel generator's sources, the NVVM version, the driver version, the
-target arch and the full plan, so a change of any of them misses instead of loading a stale kernel. Writes go to a temporary file in the same directory and
-are renamed into place (atomic on POSIX); each file carries a SHA-256 of its payload, checked on load, so a
-truncated or corrupted file is rebuilt rather than used. A directory that cannot be created or written
+target arch and the full plan, so a change of any of them misses instead of loading a stale kernel. Writes
+go to a temporary file in the same directory and are renamed into place (atomic on POSIX); each file carries
+a SHA-256 of its payload, checked on load, so a truncated or corrupted file is rebuilt rather than used. A directory that cannot be created or written
 falls back to the in-memory cache with one warning.
 """
 
