@@ -524,26 +524,7 @@ def _torch_fast_path(entry, device, stats=False):
     launchers = [k.launcher for k in entry.kernels]  # (stream_handle: int, *pointers)
     set_device = gpu.set_device
 
-    if stats:
-        st_shape = tuple(entry.stat_shape)
-        st_strides = dense_like(st_shape, range(len(st_shape), 0, -1))
-
-        def fast(x, scale, shift):
-            y = empty_strided(shape, strides, dtype=dtype, device=dev)
-            mean = empty_strided(st_shape, st_strides, dtype=f32, device=dev)
-            rstd = empty_strided(st_shape, st_strides, dtype=f32, device=dev)
-            ws = empty_strided((nws,), (1,), dtype=f32, device=dev).data_ptr() if nws else 0
-            set_device(device)
-            s = raw_stream(device)
-            ptrs = (x.data_ptr(), y.data_ptr(), 0 if scale is None else scale.data_ptr(),
-                    0 if shift is None else shift.data_ptr(), mean.data_ptr(), rstd.data_ptr(), ws)
-            for launch in launchers:
-                launch(s, *ptrs)
-            return y, mean, rstd
-
-        return fast
-
-    if len(launchers) == 1 and not nws:  # most plans: one kernel, no workspace
+    if len(launchers) == 1 and not nws and not stats:  # most plans: one kernel, no workspace
         (launch,) = launchers
 
         def fast(x, scale, shift):
@@ -555,17 +536,24 @@ def _torch_fast_path(entry, device, stats=False):
 
         return fast
 
+    st_shape = tuple(entry.stat_shape)
+    st_strides = dense_like(st_shape, range(len(st_shape), 0, -1))
+
     def fast(x, scale, shift):
         y = empty_strided(shape, strides, dtype=dtype, device=dev)
         ws = empty_strided((nws,), (1,), dtype=f32, device=dev).data_ptr() if nws else 0
+        mean = rstd = None
+        if stats:
+            mean = empty_strided(st_shape, st_strides, dtype=f32, device=dev)
+            rstd = empty_strided(st_shape, st_strides, dtype=f32, device=dev)
         set_device(device)
         s = raw_stream(device)
-        sp = 0 if scale is None else scale.data_ptr()
-        hp = 0 if shift is None else shift.data_ptr()
-        xp, yp = x.data_ptr(), y.data_ptr()
+        ptrs = (x.data_ptr(), y.data_ptr(), 0 if scale is None else scale.data_ptr(),
+                0 if shift is None else shift.data_ptr(), 0 if mean is None else mean.data_ptr(),
+                0 if rstd is None else rstd.data_ptr(), ws)
         for launch in launchers:
-            launch(s, xp, yp, sp, hp, 0, 0, ws)
-        return y
+            launch(s, *ptrs)
+        return (y, mean, rstd) if stats else y
 
     return fast
 
