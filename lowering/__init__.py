@@ -82,6 +82,22 @@ def _signature(ptypes):
     return tuple(types.CPointer(m[t]) for t in ptypes)
 
 
+def _bound_occupancy(ptx, min_ctas, cc):
+    """``ptx`` with the launch bound ``.minnctapersm min_ctas`` (ptxas then keeps registers at or under
+    64K / (min_ctas x block)) when that assembles without spilling; else ``ptx`` unchanged, its occupancy
+    whatever its registers give. The directive is added to the text rather than asked of Numba, so trying
+    the bound costs one ptxas run (tens of ms), not a second Numba compile (seconds). Spills were seen at the
+    64-register bound: 8 bytes in a float32 outer partial kernel that used 64 registers unbounded."""
+    bounded, n = re.subn(r"(\.maxntid[^\n]*\n)", rf"\1.minnctapersm {min_ctas}\n", ptx, count=1)
+    if n != 1:
+        return ptx
+    try:
+        use = assemble(bounded, f"sm_{cc[0]}{cc[1]}")[1]
+    except CompileError:
+        return ptx
+    return ptx if use.spill_stores or use.spill_loads or use.stack else bounded
+
+
 def compile_source(ks: KernelSource, cc) -> LoweredKernel:
     """Compile one generated kernel to PTX for compute capability ``cc``."""
     from numba.cuda import compile_ptx
@@ -95,6 +111,8 @@ def compile_source(ks: KernelSource, cc) -> LoweredKernel:
         raise CompileError(f"compiling {ks.name} failed: {e}\n--- source ---\n{ks.source}") from e
     if ".extern" in ptx:
         raise CompileError(f"PTX of {ks.name} has unresolved .extern declarations")
+    if ks.min_ctas:
+        ptx = _bound_occupancy(ptx, ks.min_ctas, cc)
     entries = re.findall(r"\.visible\s+\.entry\s+([\w$]+)\s*\(", ptx)
     if len(entries) != 1:
         raise CompileError(f"PTX of {ks.name} has {len(entries)} entries; expected 1")

@@ -27,13 +27,19 @@ number of blocks; a 64-value persistent kernel went from 8.3 s to 1.6 s).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 TAG = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 # Vectors (or rows) loaded per loop trip in streaming loops before any is used (memory-level parallelism);
 # the planner's LOOP_UNROLL, repeated here so the generator does not import the planner.
 LOOP_UNROLL = 4
 PARAMS = "xp, op, sp, hp, mp, rp, wp"
+# Threads per SM that streaming kernels (looped and split schedules) are compiled to keep resident: their
+# launch bounds ask for 1024 / threads CTAs per SM, which caps registers at 64 per thread (64K registers per
+# SM). Uncapped, ptxas gave the split kernels 55-80 registers (sm_90), so 512-thread CTAs ran 1 or 2 per SM,
+# 256-thread ones 3, and grids planned for 4 x 512 threads per SM ran 2.2-4.4 waves, the last one mostly idle.
+# Grids of split schedules are sized in these slots (see _fill_splits).
+STREAM_THREADS_PER_SM = 1024
 # Split, column-major second kernel (layer/RMS norm): at most this many rows, whose means and factors it
 # keeps in shared memory (3 floats each); split plans have fewer rows than SMs unless forced.
 FINISH_COLUMNS_MAX_ROWS = 1024
@@ -83,6 +89,8 @@ class KernelSource:
         coop: a cooperative kernel: its CTAs wait for each other, so all must be co-resident. ``grid`` is the
             most it uses; the runtime launches ``min(grid, co-resident CTAs)`` (a cooperative launch), rounded
             down to a multiple of the reduction's splits, and the kernel loops over its work ``gridDim`` apart.
+        min_ctas: CTAs of ``block`` threads that must fit one SM (the second launch bound, PTX
+            ``.minnctapersm``: ptxas caps registers at 64K / (min_ctas x block)); 0 leaves registers uncapped.
     """
 
     name: str
@@ -93,6 +101,7 @@ class KernelSource:
     pointer_types: tuple
     cluster: int = 1
     coop: bool = False
+    min_ctas: int = 0
 
 
 class _Src:
@@ -217,12 +226,28 @@ class _Emitter:
         g.decls.append(f"{name} = cuda.shared.array({n}, F32T)")
         self.shared += 4 * n
 
-    def prologue(self, g, name):
+    def prologue(self, g, name, reverse_grid=0):
+        """``reverse_grid`` (the kernel's grid, > 0): CTA ``blockIdx.x`` takes the work item ``grid - 1 -
+        blockIdx.x`` (see :func:`stream_back`)."""
         g(f"def {name}({self.params}):")
         g.ind += 1
         g("tid = I64(cuda.threadIdx.x)")
-        g("bid = I64(cuda.blockIdx.x)")
+        g(f"bid = I64({reverse_grid - 1}) - I64(cuda.blockIdx.x)" if reverse_grid else "bid = I64(cuda.blockIdx.x)")
         g.mark_decls()
+
+
+def stream_back(g, start, stop, step):
+    """Open ``for base in range(start, stop, step)`` run backwards: the last trip first.
+
+    Split schedules re-read x in their last kernel. Its first kernel streamed every slice forwards, CTAs
+    dispatched in index order, so when it ends L2 holds the ends of the slices of its last CTAs. The last
+    kernel starts there (its CTAs take the work items in reverse, each slice walked backwards), so the first
+    part of its re-read, up to L2's size, hits L2 instead of having been evicted by the rest of the pass (a
+    forward re-read of a tensor a little larger than L2 misses almost everywhere: LRU under a cyclic scan)."""
+    g(f"ntrip = ({stop} - ({start}) + {step - 1}) // {step}")
+    g(f"for trip in range(ntrip - 1, -1, -1):")
+    g.ind += 1
+    g(f"base = {start} + trip * {step}")
 
 
 class _Kernel(_Emitter):
@@ -691,12 +716,17 @@ class _Inner(_Kernel):
                 for nm in names:
                     g(f"q = q + ({nm} * scl) * ({nm} * scl)" if self.scaled else f"q = q + {nm} * {nm}")
 
-    def _normalize_loop(self, g, lo, hi, TPR):
+    def _normalize_loop(self, g, lo, hi, TPR, reverse=False):
         var = self.emit_row_affine(g)
         U = LOOP_UNROLL  # vectors loaded before any is stored: independent loads in flight
-        with g.block(f"for base in range({lo} + lane, {hi}, {TPR * U}):"):
-            for names, o, ok in self.load_trip(g, hi, TPR, U):
-                self.emit_normalize_vec(g, names, o, var, ok, raw=True)
+        if reverse:
+            stream_back(g, f"{lo} + lane", hi, TPR * U)
+        else:
+            g(f"for base in range({lo} + lane, {hi}, {TPR * U}):")
+            g.ind += 1
+        for names, o, ok in self.load_trip(g, hi, TPR, U):
+            self.emit_normalize_vec(g, names, o, var, ok, raw=True)
+        g.ind -= 1
 
     def looped(self):
         p = self.p
@@ -772,7 +802,7 @@ class _Inner(_Kernel):
         self.finish_stats(g, "lane == 0 and sp_ == 0")
         g(f"lo = sp_ * {L}")
         g(f"hi = min(lo + {L}, {self.NC})")
-        self._normalize_loop(g, "lo", "hi", self.TPR)
+        self._normalize_loop(g, "lo", "hi", self.TPR, reverse=ld == "ld1_f32")
 
     def split(self):
         """Two kernels: partial statistics of every (row, split) slice into the workspace; then each CTA
@@ -791,7 +821,7 @@ class _Inner(_Kernel):
         if self._row_shared_params():
             return [k1, self._finish_columns(S)]
         g = _Src()
-        self.prologue(g, "normc_inner_finish")
+        self.prologue(g, "normc_inner_finish", reverse_grid=p.grid)
         g("lane = tid")
         g("rloc = 0")
         g(f"sp_ = bid % {S}")
@@ -949,9 +979,9 @@ class _Outer(_Kernel):
     def rows_vary_params(self):
         return any(a.scale or a.shift for a in self.rowax)
 
-    def setup(self, g, name, splits=None):
+    def setup(self, g, name, splits=None, reverse_grid=0):
         p = self.p
-        self.prologue(g, name)
+        self.prologue(g, name, reverse_grid)
         g(f"cx = tid % {p.nxc}")
         g(f"ry = tid // {p.nxc}")
         # Conditions known at generation time are emitted as the literal True (no branch in the kernel:
@@ -1213,7 +1243,9 @@ class _Outer(_Kernel):
             self.rstd_of(g, f"m2 / F32({float(p.reduced)!r})", f"F32({p.eps!r})")
             g("mean = F32(0.0)")
 
-    def emit_normalize(self, g):
+    def emit_normalize(self, g, reverse=False):
+        """y for this thread's rows: from registers (persistent) or re-read, rows walked backwards when
+        ``reverse`` (:func:`stream_back`)."""
         p, V = self.p, self.V
         fold = not self.rows_vary_params()
         for j in range(V):
@@ -1256,9 +1288,14 @@ class _Outer(_Kernel):
                 body(names, ro, ok)
         else:
             U = LOOP_UNROLL  # rows loaded before any is stored: independent loads in flight
-            with g.block(f"for base in range(r0 + ry, r1, {p.ry * U}):"):
-                for names, ro, ok, _ in self.load_rows_trip(g, U):
-                    body(names, ro, ok)
+            if reverse:
+                stream_back(g, "r0 + ry", "r1", p.ry * U)
+            else:
+                g(f"for base in range(r0 + ry, r1, {p.ry * U}):")
+                g.ind += 1
+            for names, ro, ok, _ in self.load_rows_trip(g, U):
+                body(names, ro, ok)
+            g.ind -= 1
 
     def column_total(self, g, vals, dst, rnd):
         """Sum per-thread per-column values ``vals`` (V names, one per column of this thread's vector) over the
@@ -1578,7 +1615,7 @@ class _Outer(_Kernel):
         # kernel 3: every split CTA reads its columns' a, b and normalizes its rows
         self.shared = 0
         g = _Src()
-        self.setup(g, "normc_outer_finish")
+        self.setup(g, "normc_outer_finish", reverse_grid=p.grid)
         self.smem(g, "sA", T)
         self.smem(g, "sB", T)
         self.smem(g, "sC", T)
@@ -1587,7 +1624,7 @@ class _Outer(_Kernel):
             g(f"sB[lc] = ld1_f32(wp, {ab} + (t2 * {T} + lc) * 3 + 1)")
             g(f"sC[lc] = ld1_f32(wp, {ab} + (t2 * {T} + lc) * 3 + 2)")
         g("cuda.syncthreads()")
-        self.emit_normalize(g)
+        self.emit_normalize(g, reverse=True)
         k2 = KernelSource("normc_outer_finish", g.text(), p.grid, p.threads, self.shared, self.ptypes())
         return [k1, km, k2]
 
@@ -1601,13 +1638,21 @@ def generate(plan) -> list[KernelSource]:
         if plan.schedule == "persistent":
             return [k.persistent()]
         if plan.schedule == "looped":
-            return [k.looped()]
+            return _streaming([k.looped()])
         if plan.schedule == "coop":
             return k.coop()
-        return k.split()
+        return _streaming(k.split())
     k = _Outer(plan)
     if plan.schedule == "split":
-        return k.split()
+        return _streaming(k.split())
     if plan.schedule == "persistent":
         return [k.persistent()]
-    return [k.looped()]
+    return _streaming([k.looped()])
+
+
+def _streaming(kernels):
+    """Launch bounds for the streaming kernels of looped and split schedules: STREAM_THREADS_PER_SM threads
+    resident per SM. The outer/mixed split's middle kernel (one CTA per column tile, a small grid) is left
+    uncapped: the mixed one holds a tile's group table and needs up to 128 registers."""
+    return [ks if ks.name == "normc_outer_stats" else
+            replace(ks, min_ctas=max(1, STREAM_THREADS_PER_SM // ks.block)) for ks in kernels]

@@ -41,6 +41,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from .canonical import Axis
+from .lowering.codegen import STREAM_THREADS_PER_SM  # the streaming kernels' launch bounds: grids are sized to them
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -81,8 +82,16 @@ INNER_LOOPED_MIN_ROWS_PER_SM = 1
 # Mixed (NHWC group norm) split: the second kernel merges splits x tile partials in one CTA per tile, so
 # bound their product. Measured: 8 x 1280 x 16 x 16 with 64 splits 156 us vs 4 splits 76 us.
 MIXED_MAX_SPLIT_PARTIALS = 32768
-# Streaming CTAs per SM that the split schedule aims for (4 x 512 threads = one full SM).
+# Outer/mixed split: 512-thread-equivalents of CTAs per SM its grid aims for (4 x 512 threads: with
+# STREAM_THREADS_PER_SM resident, two waves); measured with the 3-kernel split on NHWC instance norm.
 SPLIT_CTAS_PER_SM = 4
+# Inner split: the grid (rows x splits) is sized in waves of resident CTAs (STREAM_THREADS_PER_SM / 512 per
+# SM): the fewest waves, at least SPLIT_MIN_WAVES, in which rows x splits fills at least SPLIT_MIN_FILL of
+# the slots. Before, splits = ceil(4 x SMs / rows) gave 2.2-4.4 waves (64 rows: 576 CTAs for 264 slots, the
+# third wave 18% full). A single full wave is also robust to a kernel that fits more CTAs per SM than
+# planned (fewer registers): the grid still lands two per SM.
+SPLIT_MIN_WAVES = 1
+SPLIT_MIN_FILL = 0.9
 # Whether inner rows too long for one CTA and too few to fill the GPU get the coop schedule (1) or the
 # two-kernel split (0) by default; forced or autotuned plans can use either. 0: coop measured slower (see
 # the module docstring).
@@ -303,6 +312,16 @@ def pick_vec(axes, run_size, dtype_bytes, aligns, tensors=("x", "out"), inner_in
         v *= 2
 
 
+def _fill_splits(items, slots) -> int:
+    """Splits per item so that ``items x splits`` CTAs fill the fewest waves of ``slots`` resident CTAs
+    (at least SPLIT_MIN_WAVES) to at least SPLIT_MIN_FILL; ``items`` >= 1, ``slots`` >= 1."""
+    for waves in range(SPLIT_MIN_WAVES, SPLIT_MIN_WAVES + 64):
+        s = waves * slots // items
+        if s >= 1 and items * s >= SPLIT_MIN_FILL * waves * slots:
+            return s
+    return max(1, SPLIT_MIN_WAVES * slots // items)
+
+
 def make_plan(problem, *, arch="sm_90", sms=DEFAULT_SMS, schedule=None, max_cluster=None) -> Plan:
     """Choose strategy, schedule and tiling for a canonical problem.
 
@@ -507,11 +526,13 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
         threads, rpc = tpr, 1
         grid = splits * inflight
     elif schedule == "split":
-        want = -(-SPLIT_CTAS_PER_SM * sms // K)
         max_splits = max(1, nc // (tpr * LOOP_UNROLL))
-        splits = max(1, min(want, max_splits))
+        slots = STREAM_THREADS_PER_SM // tpr * sms
+        splits = max(1, min(_fill_splits(K, slots), max_splits))
         if force == "split":
-            splits = max(2, min(want, max_splits))
+            splits = max(2, splits)
+        why.append(f"{splits} splits: {K * splits} CTAs for {slots} resident {tpr}-thread CTAs "
+                   f"({STREAM_THREADS_PER_SM} threads per SM)")
         threads, rpc = tpr, 1
         grid = K * splits
     else:
