@@ -430,7 +430,11 @@ def main(argv=None) -> int:
     """Run the ``normc`` command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            hint = ("; the spec is one argument: quote it, e.g. normc plan \"n c h w : norm over h w\" --shape ..."
+                    if args.command in ("plan", "ptx") and ":" in extra else "")
+            parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     except SystemExit as e:  # --help, --version (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:

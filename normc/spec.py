@@ -255,6 +255,9 @@ class _Parser:
                 self.fail(f"{role} axis {tok.value!r} repeated", tok.pos)
             names.append(tok.value)
         tok = self.peek()
+        if tok.kind == "(":
+            self.fail(f"parentheses group parts of a dim only before ':'; name the {role} axes one by one "
+                      f"(e.g. 'g k' for a dim (g k))", tok.pos)
         if not names:
             self.fail(empty_message, tok.pos)
         if tok.kind not in (";", "end"):
@@ -301,7 +304,7 @@ def _check_sizes(parsed: _Parsed, sizes, text: str) -> tuple:
         if len(missing) > 1:
             raise SpecError(
                 f"split dim ({' '.join(d)}) has no size for {', '.join(missing)}: give the size of all but one "
-                f"of {', '.join(d)} as a keyword, e.g. {missing[0]}=32",
+                f"of {', '.join(d)} as a keyword, e.g. {missing[0]}=32 (on normc's command line: --size {missing[0]}=32)",
                 text,
                 pos,
             )

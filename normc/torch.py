@@ -281,10 +281,14 @@ class _EagerNorm(torch.autograd.Function):
         y, mean, rstd = _norm_impl(x, weight, bias, spec, eps, sizes)
         _setup_context(ctx, (x, weight, bias, spec, eps, sizes), (y, mean, rstd))
         ctx.mark_non_differentiable(mean, rstd)
+        # mean and rstd get no gradient: without this autograd fills two zero tensors for them every step
+        ctx.set_materialize_grads(False)
         return y, mean, rstd
 
     @staticmethod
     def backward(ctx, dy, dmean, drstd):
+        if dy is None:  # y took no part in the loss (only possible without materialized gradients)
+            return (None,) * 6
         return _autograd_backward(ctx, dy, dmean, drstd, backward_op=_norm_backward_impl)
 
 

@@ -45,8 +45,18 @@ def _warn_sim():
         _sim_warned = True
         warnings.warn(
             "normc: no CUDA GPU found; running kernels on Numba's CUDA simulator (pure Python, very slow: "
-            "use small arrays)", RuntimeWarning, stacklevel=5,
+            "use small arrays)", RuntimeWarning, stacklevel=_user_stacklevel(),
         )
+
+
+def _user_stacklevel() -> int:
+    """``stacklevel`` for a warning raised inside normc that points at the first caller outside normc."""
+    import sys
+
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("normc"):
+        level, frame = level + 1, frame.f_back
+    return level
 
 
 def _stream_handle(stream, kind, device=None):
@@ -122,7 +132,8 @@ def check_x(spec, xi):
     if sim and gpu_available():
         raise ArgumentError("x is a host array; expected a CUDA array on the GPU")
     if sim and xi.kind != "numpy":
-        raise ArgumentError(f"x is a host {xi.kind} array; expected a CUDA array (or numpy on the simulator)")
+        hint = ", e.g. x.numpy()" if xi.kind == "torch" else ""
+        raise ArgumentError(f"x is a host {xi.kind} array; expected a CUDA array (or numpy on the simulator{hint})")
     if not sim and not gpu_available():
         raise ArgumentError(f"x is a CUDA array (cuda:{xi.device}) but no CUDA GPU or driver is usable here; "
                             f"expected a numpy array (simulator)")
@@ -357,7 +368,9 @@ class Compiled:
         for name, info, axes in (("scale", si, spec.scale), ("shift", hi, spec.shift)):
             if axes is None:
                 if info is not None:
-                    raise ArgumentError(f"{name} was given but the spec '{spec}' has no {name} step")
+                    hint = (" (the second positional argument is scale: pass shift=...)"
+                            if name == "scale" and spec.shift is not None else "")
+                    raise ArgumentError(f"{name} was given but the spec '{spec}' has no {name} step{hint}")
                 continue
             if info is None:
                 raise ArgumentError(f"{name} is required: the spec has '{name} {' '.join(axes)}'")
@@ -366,6 +379,12 @@ class Compiled:
             if got != want:
                 ext = " x ".join(f"{a}={sizes[a]}" for a in axes)
                 raise ArgumentError(f"{name} has {got} elements (shape {info.shape}); expected {want} ({ext})")
+            shape = tuple(sizes[a] for a in axes)
+            if len(axes) > 1 and tuple(info.shape) != shape and sorted(info.shape) == sorted(shape):
+                # the axes' extents in another order: a transposed parameter, which would silently scale the
+                # wrong elements (any other shape of the right size is read in spec axis order)
+                raise ArgumentError(f"{name} has shape {tuple(info.shape)}; expected {shape} (axes "
+                                    f"{' '.join(axes)}), or a flat array of {want} elements in that order")
             if info.dtype not in SUPPORTED:
                 raise ArgumentError(f"{name} has dtype {info.dtype}; expected one of {', '.join(SUPPORTED)}")
             if info.device != xi.device:
@@ -467,6 +486,7 @@ class Compiled:
 
 
 _tensor_type = None
+_param_type = None  # torch.nn.Parameter, looked up with torch.Tensor
 
 
 class _NoTensor:
@@ -475,22 +495,25 @@ class _NoTensor:
 
 def _torch_tensor_type():
     """``torch.Tensor`` if torch is already imported (never imports it), else a type nothing is."""
-    global _tensor_type
+    global _tensor_type, _param_type
     if _tensor_type is None:
         import sys
 
         mod = sys.modules.get("torch")
         if mod is None:
             return _NoTensor  # torch not imported yet: no tensor can be passed; look again next call
+        _param_type = getattr(getattr(mod, "nn", None), "Parameter", _NoTensor)
         _tensor_type = mod.Tensor
     return _tensor_type
 
 
 def _tkey(t, tt):
-    """Fast-path key part of an affine tensor; False when it is not a torch tensor (no fast path)."""
+    """Fast-path key part of an affine tensor; False when it is not a plain torch tensor or an
+    ``nn.Parameter`` (a module's weight: other subclasses may override what the key reads), so no fast path.
+    Parameters used to fall out here, which sent every normc.torch module call down the validating path."""
     if t is None:
         return None
-    if type(t) is not tt:
+    if type(t) is not tt and type(t) is not _param_type:
         return False
     return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
 

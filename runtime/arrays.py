@@ -10,7 +10,7 @@ path.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -97,6 +97,10 @@ def describe(obj, name: str, stream=None) -> ArrayInfo:
     kind = kind_of(obj)
     if kind == "torch":
         dev = obj.device
+        if dev.type != "cuda":
+            # a host tensor: read as a numpy view of its memory (DLPack), so the simulator can take it as
+            # scale, shift or out; kind stays "torch", which check_x refuses for x (y would come back as numpy)
+            return replace(_describe_host_dlpack(obj.detach(), name), kind="torch")
         return ArrayInfo(obj, "torch", obj.data_ptr(), tuple(obj.shape), tuple(obj.stride()),
                          _torch_dtype_name(obj.dtype), dev.index if dev.type == "cuda" else None)
     if kind == "numpy":

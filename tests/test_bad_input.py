@@ -247,3 +247,21 @@ def test_out_overlapping_scale_or_shift_is_rejected(no_launch, which):
     params[which] = buf[:8]
     with pytest.raises(ArgumentError, match="out"):
         normc.compile(LN)(x, params["scale"], params["shift"], out=buf.reshape(3, 8))
+
+
+def test_transposed_multi_axis_scale_is_refused():
+    """A scale whose shape is the step axes' extents in another order (transposed) is refused: it would scale
+    the wrong elements. Other shapes of the right size are read in spec axis order."""
+    import numpy as np
+
+    import normc
+
+    f = normc.compile(normc.spec("t d0 d1 : norm over d0 d1 ; scale d0 d1"))
+    x = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    with pytest.raises(normc.ArgumentError, match=r"scale has shape \(4, 3\); expected \(3, 4\)"):
+        f(x, np.ones((4, 3), np.float32))
+    w = np.arange(12, dtype=np.float32) / 12 + 0.5
+    xd = x.astype(np.float64)
+    ref = (xd - xd.mean((1, 2), keepdims=True)) / np.sqrt(xd.var((1, 2), keepdims=True) + 1e-5) * w.reshape(3, 4)
+    for shaped in (w, w.reshape(3, 4), w.reshape(1, 12)):
+        assert np.abs(f(x, shaped) - ref).max() < 1e-5

@@ -201,3 +201,13 @@ def test_cache_list_dir_clear(tmp_path, monkeypatch, capsys):
     assert main(["cache", "clear"]) == 0
     assert "removed 1" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_unquoted_spec_and_cli_split_size_hints(capsys):
+    """An unquoted spec (the shell splits it into words) is a usage error that says to quote it; a split dim
+    without its size names the CLI's --size option."""
+    assert main(["plan", "n", "c", "h", "w", ":", "norm", "over", "h", "w", "--shape", "2,3,4,4"]) == 2
+    assert "quote it" in capsys.readouterr().err
+    assert main(["plan", "n (g k) h w : norm over k h w", "--shape", "8,320,64,64"]) == 2
+    assert "--size g=32" in capsys.readouterr().err
+    assert main(["plan", "n (g k) h w : norm over k h w", "--shape", "8,320,64,64", "--size", "g=32"]) == 0
