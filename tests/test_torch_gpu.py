@@ -201,22 +201,43 @@ def test_cuda_graph_capture():
 @pytest.mark.gpu
 def test_modules_take_the_torch_fast_paths():
     """A normc.torch module's weight and bias are nn.Parameters: from the second step on, its forward
-    (with statistics) and backward take the hot paths (they used to fall to the validating path, about
-    370 us of host time per LayerNorm step on the H200), with the same results as the first step."""
+    (with statistics) and backward take the hot paths (they used to fall to the validating path: a LayerNorm
+    step cost 571 us of host time against torch's 198 on the H200), with the same results as the first step.
+    The compiled spec is shared with other tests in this process, so the hot paths are counted by wrapping
+    the ones the first step installed."""
     import normc.torch as nt
 
     m = nt.LayerNorm(257).cuda()
     x = torch.randn(33, 257, device="cuda", requires_grad=True)
     dy = torch.randn(33, 257, device="cuda")
     f = nt._compiled(*nt._spec_args(nt._layer_norm_spec(2, 1, eps=m.eps, elementwise_affine=True, bias=True)))
-    grads = []
-    for _ in range(2):
+
+    def step():
         x.grad = m.weight.grad = m.bias.grad = None
         y = m(x)
         y.backward(dy)
-        grads.append((y.detach(), x.grad, m.weight.grad, m.bias.grad))
-    assert len(f._fast) == 1 and len(f._bfast) == 1
-    for a, b in zip(*grads):
+        return y.detach(), x.grad, m.weight.grad, m.bias.grad
+
+    before = (set(f._fast), set(f._bfast))
+    first = step()
+    new_fwd, new_bwd = set(f._fast) - before[0], set(f._bfast) - before[1]
+    assert len(new_fwd) == 1 and len(new_bwd) == 1  # this shape's keys, installed by the validated first step
+    calls = []
+
+    def counted(table, key, tag):
+        fast = table[key]
+
+        def wrapper(*a):
+            calls.append(tag)
+            return fast(*a)
+
+        table[key] = wrapper
+
+    counted(f._fast, new_fwd.pop(), "forward")
+    counted(f._bfast, new_bwd.pop(), "backward")
+    second = step()
+    assert calls == ["forward", "backward"]
+    for a, b in zip(first, second):
         assert torch.equal(a, b)
     ref = torch.nn.functional.layer_norm(x.double(), (257,), m.weight.double(), m.bias.double(), m.eps)
-    assert (grads[1][0].double() - ref).abs().max().item() < 1e-5
+    assert (second[0].double() - ref).abs().max().item() < 1e-5
