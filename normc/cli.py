@@ -426,9 +426,25 @@ def _error_line(e: Exception) -> str:
     return lines[0] if lines else type(e).__name__
 
 
+def _join_negative_values(argv):
+    """``--eps -1e-5`` -> ``--eps=-1e-5``: argparse reads a value that starts with '-' and is not a plain
+    negative number (an exponent, say) as an option and reports "expected one argument"; joined, the value
+    reaches normc's own check, which says what is expected."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--eps" and i + 1 < len(argv) and re.match(r"-[\d.]", argv[i + 1]):
+            out.append(f"--eps={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv=None) -> int:
     """Run the ``normc`` command line with ``argv`` (default ``sys.argv[1:]``); return the exit status."""
     parser = build_parser()
+    argv = _join_negative_values(list(sys.argv[1:] if argv is None else argv))
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:

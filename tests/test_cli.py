@@ -211,3 +211,10 @@ def test_unquoted_spec_and_cli_split_size_hints(capsys):
     assert main(["plan", "n (g k) h w : norm over k h w", "--shape", "8,320,64,64"]) == 2
     assert "--size g=32" in capsys.readouterr().err
     assert main(["plan", "n (g k) h w : norm over k h w", "--shape", "8,320,64,64", "--size", "g=32"]) == 0
+
+
+def test_negative_eps_without_equals_reaches_normcs_check(capsys):
+    """``--eps -1e-5`` (no '='): argparse alone would call -1e-5 an option; normc's message names the value."""
+    assert main(["plan", "t d : norm over d", "--shape", "2,8", "--eps", "-1e-5"]) == 2
+    assert "expected a finite number >= 0" in capsys.readouterr().err
+    assert main(["plan", "t d : norm over d", "--shape", "2,8", "--eps", "1e-6"]) == 0
