@@ -131,3 +131,28 @@ def test_plan_json_round_trip(i):
     assert back.to_json() == text
     assert hash(back) == hash(plan)
     json.loads(text)  # plain JSON
+
+
+def _canonical_ptx(ptx):
+    """PTX with the names that differ between compiles of the same kernel (Numba's mangled entry names and its
+    per-process shared-memory counter) replaced by their order of appearance."""
+    seen = {}
+    ptx = re.sub(r"_ZN[0-9A-Za-z_$]+", "NAME", ptx)
+    return re.sub(r"_cudapy_smem_\d+", lambda m: seen.setdefault(m.group(0), f"SMEM{len(seen)}"), ptx)
+
+
+@pytest.mark.parametrize("spec,shape,layout", [
+    ("n (g k) h w : norm over k h w ; scale g k ; shift g k", (8, 320, 64, 64), "n h w (g k)"),
+    ("t d : rms over d ; scale d", (2, 4000000), None),
+], ids=["mixed-split-group-nhwc", "inner-split-rms"])
+def test_typing_memo_keeps_the_ptx(spec, shape, layout, monkeypatch):
+    """normc memoizes Numba's call typing while it compiles (lowering/__init__.py, ``_TYPING_MEMO``): the PTX
+    is the same as without it (NORMC_TYPING_MEMO=0), kernel for kernel."""
+    sp = normc.spec(spec, g=32) if "(g k)" in spec else normc.spec(spec)
+    plan = plan_for(sp, shape, "float16", layout=layout)
+    assert plan.schedule == "split"  # the most kernels (3 and 2) and the longest compiles
+    with_memo = [_canonical_ptx(k.ptx) for k in lower(plan)]
+    monkeypatch.setenv("NORMC_TYPING_MEMO", "0")
+    without = [_canonical_ptx(k.ptx) for k in lower(plan)]
+    assert len(with_memo) == len(without) >= 1
+    assert with_memo == without
