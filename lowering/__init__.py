@@ -107,40 +107,79 @@ def _bound_occupancy(ptx, min_ctas, cc):
 # (``BaseFunction.get_call_type``), which tries its templates one by one (operator.add alone has dozens of
 # cases) every time, although a generated kernel repeats the same few hundred (callee, argument types) pairs
 # thousands of times: 12,000 of the 12,600 lookups of three anchor rows' kernels were repeats. The answer
-# depends only on the callee, the typing context and the argument types, all in the key, and the first
-# lookup leaves the callee's implementation key recorded as before (lowering reads it there), so the memo
-# returns what the lookup would have. Measured on a 2-core CPU (three fresh processes each way, one warm-up
+# depends only on the callee, the typing context, the argument types and the compile flags (fastmath...), all
+# in the key. A lookup also records the callee's implementation key for the signature, which lowering reads:
+# the memo stores it with the signature and puts it back on a hit, so the memo returns, and leaves, what the
+# lookup would have. Only the thread that entered the memo uses it (other Numba compiles running meanwhile
+# look up as usual). Measured on a 2-core CPU (three fresh processes each way, one warm-up
 # compile first, lower() without -> with): NDHWC instance norm split (3 kernels) 2.09-2.57 -> 1.28-1.74 s,
 # cluster layer norm 2.04-2.09 -> 1.04-1.35 s, NHWC instance norm cluster 1.72-1.91 -> 1.11-1.19 s, NHWC
 # group norm split 4.35-5.39 -> 2.97-3.20 s, bfloat16 layer norm 1.01-1.17 -> 0.74-0.90 s. The PTX of all 67
 # anchor rows, forward and backward, is the same (tests/test_ptx.py::test_typing_memo_keeps_the_ptx checks
 # two). Failed lookups are not memoized.
 _TYPING_MEMO = {}
+# Entries kept at most; then the memo starts over (each compile adds a few dozen keys of fresh types).
+_TYPING_MEMO_MAX = 50_000
 _memo_lock = threading.Lock()
-_memo_users = 0  # compiles inside _memoized_call_typing (threads may compile at once: install once)
+_memo_users = 0  # compiles inside _memoized_call_typing, all threads (the patch is installed once)
+_memo_tls = threading.local()  # .depth: this thread's nesting; other threads' compiles bypass the memo
 _original_get_call_type = None
+_config_stacks = ()  # numba's (and numba-cuda's) ConfigStack: the compile flags (fastmath...) are in the key
+
+
+_flags_seen = {}  # id(flags) -> (flags, its representative): the flags are kept alive, so the id stays theirs
+_flags_by_value = {}  # flags -> the first equal flags seen (hashing a CUDAFlags takes ~9 us: done once each)
+
+
+def _flags_key(flags):
+    """A cheap key for a compile's flags: the id of a representative of all equal flags objects."""
+    if flags is None:
+        return None
+    seen = _flags_seen.get(id(flags))
+    if seen is None or seen[0] is not flags:
+        seen = _flags_seen[id(flags)] = (flags, _flags_by_value.setdefault(flags, flags))
+    return id(seen[1])
 
 
 def _memo_get_call_type(self, context, args, kws):
+    if not getattr(_memo_tls, "depth", 0):  # a Numba compile of someone else's, running meanwhile
+        return _original_get_call_type(self, context, args, kws)
     try:
-        key = (self, context, tuple(args), tuple(sorted(kws.items())) if kws else ())
-        sig = _TYPING_MEMO.get(key)
+        key = (self, context, tuple(args), tuple(sorted(kws.items())) if kws else (),
+               tuple(_flags_key(c.top_or_none()) for c in _config_stacks))
+        hit = _TYPING_MEMO.get(key)
     except TypeError:  # an unhashable argument type: look it up
         return _original_get_call_type(self, context, args, kws)
-    if sig is None:
-        sig = _original_get_call_type(self, context, args, kws)
-        if sig is not None:
-            _TYPING_MEMO[key] = sig
+    impl_keys = getattr(self, "_impl_keys", None)
+    if hit is not None:
+        sig, impl = hit
+        if impl is not None and impl_keys is not None:
+            impl_keys[sig.args] = impl  # as the lookup would have recorded it
+        return sig
+    sig = _original_get_call_type(self, context, args, kws)
+    if sig is not None:
+        if len(_TYPING_MEMO) >= _TYPING_MEMO_MAX:
+            _TYPING_MEMO.clear()
+            _flags_seen.clear()  # (keys of flags objects that are still alive stay valid in _flags_by_value)
+        _TYPING_MEMO[key] = (sig, None if impl_keys is None else impl_keys.get(sig.args))
     return sig
 
 
 @contextlib.contextmanager
 def _memoized_call_typing():
-    """Memoize Numba's call typing for the duration (see ``_TYPING_MEMO``); a no-op where Numba's layout is
-    not the one expected or NORMC_TYPING_MEMO=0."""
-    global _memo_users, _original_get_call_type
+    """Memoize Numba's call typing for this thread's compiles inside the block (see ``_TYPING_MEMO``); a no-op
+    where Numba's layout is not the one expected or NORMC_TYPING_MEMO=0."""
+    global _memo_users, _original_get_call_type, _config_stacks
     try:
         from numba.core.types.functions import BaseFunction
+
+        from numba.core import targetconfig as core_config
+
+        try:
+            from numba.cuda.core import targetconfig as cuda_config
+        except ImportError:  # pragma: no cover - numba-cuda releases that use numba's own
+            cuda_config = core_config
+        stacks = tuple({id(c.ConfigStack): c.ConfigStack for c in (cuda_config, core_config)}.values())
     except ImportError:  # pragma: no cover - another Numba layout: compile without the memo
         BaseFunction = None
     if (BaseFunction is None or "get_call_type" not in BaseFunction.__dict__
@@ -150,11 +189,14 @@ def _memoized_call_typing():
     with _memo_lock:
         if _memo_users == 0:
             _original_get_call_type = BaseFunction.__dict__["get_call_type"]
+            _config_stacks = stacks
             BaseFunction.get_call_type = _memo_get_call_type
         _memo_users += 1
+    _memo_tls.depth = getattr(_memo_tls, "depth", 0) + 1
     try:
         yield
     finally:
+        _memo_tls.depth -= 1
         with _memo_lock:
             _memo_users -= 1
             if _memo_users == 0:

@@ -528,7 +528,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
     elif schedule == "split":
         max_splits = max(1, nc // (tpr * LOOP_UNROLL))
         slots = STREAM_THREADS_PER_SM // tpr * sms
-        splits = max(1, min(_fill_splits(K, slots), max_splits))
+        splits = max(1, min(_fill_splits(max(K, 1), slots), max_splits))  # K = 0: an empty batch
         if force == "split":
             splits = max(2, splits)
         why.append(f"{splits} splits: {K * splits} CTAs for {slots} resident {tpr}-thread CTAs "

@@ -112,6 +112,15 @@ class _LaunchStream:
         return self.handle
 
 
+def _transposed(got, want) -> bool:
+    """Whether a parameter of shape ``got`` holds the extents ``want`` of its step axes in another order (a
+    transposed weight, which would silently scale the wrong elements). Extents of 1 are ignored: moving them
+    keeps the elements in spec order, and any other shape of the right size is read in spec axis order."""
+    a = [n for n in got if n != 1]
+    b = [n for n in want if n != 1]
+    return a != b and sorted(a) == sorted(b)
+
+
 def check_x(spec, xi):
     """Check x (an :class:`~normc.runtime.arrays.ArrayInfo`) against ``spec`` and the machine, for the forward
     and the backward alike; returns ``(sizes, sim)``: the spec's axis extents and whether the simulator runs.
@@ -380,9 +389,7 @@ class Compiled:
                 ext = " x ".join(f"{a}={sizes[a]}" for a in axes)
                 raise ArgumentError(f"{name} has {got} elements (shape {info.shape}); expected {want} ({ext})")
             shape = tuple(sizes[a] for a in axes)
-            if len(axes) > 1 and tuple(info.shape) != shape and sorted(info.shape) == sorted(shape):
-                # the axes' extents in another order: a transposed parameter, which would silently scale the
-                # wrong elements (any other shape of the right size is read in spec axis order)
+            if _transposed(info.shape, shape):
                 raise ArgumentError(f"{name} has shape {tuple(info.shape)}; expected {shape} (axes "
                                     f"{' '.join(axes)}), or a flat array of {want} elements in that order")
             if info.dtype not in SUPPORTED:

@@ -191,7 +191,7 @@ def empty(like: ArrayInfo, shape, strides, dtype: str, stream: int = 0):
     and CuPy get) is bound to it when it is not 0, so that its ``__cuda_array_interface__`` names the stream and
     a consumer (CuPy, ``jax.numpy.asarray``, ``cuda.core``) orders its reads after the kernels.
     """
-    if like.kind == "torch":
+    if like.kind == "torch" and like.device is not None:
         import torch
 
         return torch.empty_strided(tuple(shape), tuple(strides), dtype=getattr(torch, dtype),
@@ -199,7 +199,7 @@ def empty(like: ArrayInfo, shape, strides, dtype: str, stream: int = 0):
     order = sorted(range(len(shape)), key=lambda d: -strides[d]) if shape else []
     phys = [shape[d] for d in order]
     inv = np.argsort(order) if shape else []
-    if like.kind == "numpy":
+    if like.kind == "numpy" or like.device is None:  # host arrays (a host torch tensor is read as numpy)
         if dtype == "bfloat16":
             import ml_dtypes  # noqa: F401  (registers numpy's 'bfloat16' dtype)
 

@@ -82,7 +82,9 @@ def _check(compiled, gi, xi, mi, ri, si):
         if math.prod(si.shape) != want:
             raise ArgumentError(f"scale has {math.prod(si.shape)} elements (shape {si.shape}); expected {want}")
         shape = tuple(sizes[a] for a in spec.scale)
-        if len(shape) > 1 and tuple(si.shape) != shape and sorted(si.shape) == sorted(shape):
+        from . import _transposed
+
+        if _transposed(si.shape, shape):
             raise ArgumentError(f"scale has shape {tuple(si.shape)}; expected {shape} (axes {' '.join(spec.scale)}), "
                                 f"or a flat array of {want} elements in that order")
         if si.dtype not in SUPPORTED:
@@ -194,7 +196,7 @@ def compiled_backward_kernels(plan, cc) -> list:
 
 def _relayout(gi, strides):
     """dy copied into a dense array with dx's strides (dy must be laid out like dx for the kernels)."""
-    if gi.kind == "numpy":
+    if gi.kind == "numpy" or gi.device is None:  # host arrays: gi.obj is a numpy view (also of a torch tensor)
         out = empty(gi, gi.shape, strides, gi.dtype)
         out[...] = gi.obj
         return out

@@ -265,3 +265,27 @@ def test_transposed_multi_axis_scale_is_refused():
     ref = (xd - xd.mean((1, 2), keepdims=True)) / np.sqrt(xd.var((1, 2), keepdims=True) + 1e-5) * w.reshape(3, 4)
     for shaped in (w, w.reshape(3, 4), w.reshape(1, 12)):
         assert np.abs(f(x, shaped) - ref).max() < 1e-5
+
+
+def test_moved_unit_extents_of_a_scale_are_not_a_transpose():
+    """(12, 1) for step axes of extents (1, 12) keeps the elements in spec order: accepted, as a flat one."""
+    import numpy as np
+
+    import normc
+
+    f = normc.compile(normc.spec("t d0 d1 : norm over d0 d1 ; scale d0 d1"))
+    x = np.random.default_rng(1).standard_normal((2, 1, 12)).astype(np.float32)
+    w = np.arange(12, dtype=np.float32) / 12 + 0.5
+    assert np.array_equal(f(x, w.reshape(12, 1)), f(x, w))
+
+
+def test_empty_batch_of_long_rows():
+    """Zero rows of a reduction too long for one CTA (a split plan) give an empty result, not a crash."""
+    import numpy as np
+
+    import normc
+
+    n = 4_000_000
+    y = normc.compile(normc.layer_norm())(np.zeros((0, n), np.float32), np.ones(n, np.float32),
+                                          np.zeros(n, np.float32))
+    assert y.shape == (0, n)

@@ -156,3 +156,46 @@ def test_typing_memo_keeps_the_ptx(spec, shape, layout, monkeypatch):
     without = [_canonical_ptx(k.ptx) for k in lower(plan)]
     assert len(with_memo) == len(without) >= 1
     assert with_memo == without
+
+
+def test_typing_memo_respects_compile_flags_and_other_threads():
+    """The memo keys on the compile flags: a fastmath compile's overload body is not reused by a later
+    compile without fastmath (division stays a division), inside the memo as outside it."""
+    import threading
+
+    from numba import njit
+    from numba.extending import overload
+
+    from normc.lowering import _memoized_call_typing
+
+    def scaled(x):
+        pass
+
+    @overload(scaled)
+    def _ol(x):
+        return lambda x: x / 3.7
+
+    def k(a):
+        return scaled(a)
+
+    def ir(fastmath):
+        f = njit(fastmath=fastmath)(k)
+        f.compile("float64(float64)")
+        return "\n".join(f.inspect_llvm().values())
+
+    with _memoized_call_typing():
+        fast, exact = ir(True), ir(False)
+    assert "fmul fast double" in fast
+    assert "fdiv double" in exact and "fmul fast" not in exact
+    # a thread that did not enter the memo is not served by it (and nothing is left patched afterwards)
+    from numba.core.types.functions import BaseFunction
+
+    from normc import lowering
+
+    seen = []
+    with _memoized_call_typing():
+        t = threading.Thread(target=lambda: seen.append(getattr(lowering._memo_tls, "depth", 0)))
+        t.start()
+        t.join()
+    assert seen == [0]
+    assert BaseFunction.get_call_type is not lowering._memo_get_call_type

@@ -108,3 +108,24 @@ def test_simulator_takes_torch_cpu_params_and_out():
         f(torch.from_numpy(x), w, b)
     with pytest.raises(normc.ArgumentError, match="scale is a host array"):
         f(x, w.bfloat16(), b)
+
+
+def test_simulator_backward_takes_a_torch_cpu_dy_in_any_layout():
+    """A torch CPU dy (read as a numpy view) in x's layout or another one gives the same dx (the relayout copy
+    used to call torch.empty_strided with a numpy dtype)."""
+    import numpy as np
+
+    from normc.runtime import gpu_available
+
+    if gpu_available():
+        pytest.skip("the simulator runs only without a GPU")
+    f = normc.compile(normc.layer_norm())
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    w, b = np.ones(8, np.float32), np.zeros(8, np.float32)
+    _, m, r = f(x, w, b, return_stats=True)
+    dy = rng.standard_normal((4, 8)).astype(np.float32)
+    want = f.backward(dy, x, m, r, w)[0]
+    for t in (torch.from_numpy(dy.copy()), torch.from_numpy(dy.T.copy()).t()):
+        got = f.backward(t, x, m, r, w)[0]
+        assert isinstance(got, np.ndarray) and np.array_equal(got, want)
