@@ -142,6 +142,7 @@ def _flags_key(flags):
 
 
 def _memo_get_call_type(self, context, args, kws):
+    """``BaseFunction.get_call_type`` while normc compiles: the memoized signature, or the lookup's."""
     if not getattr(_memo_tls, "depth", 0):  # a Numba compile of someone else's, running meanwhile
         return _original_get_call_type(self, context, args, kws)
     try:

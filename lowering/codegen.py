@@ -228,7 +228,7 @@ class _Emitter:
 
     def prologue(self, g, name, reverse_grid=0):
         """``reverse_grid`` (the kernel's grid, > 0): CTA ``blockIdx.x`` takes the work item ``grid - 1 -
-        blockIdx.x`` (see :func:`stream_back`)."""
+        blockIdx.x`` (see :func:`stream_loop`)."""
         g(f"def {name}({self.params}):")
         g.ind += 1
         g("tid = I64(cuda.threadIdx.x)")
@@ -236,14 +236,19 @@ class _Emitter:
         g.mark_decls()
 
 
-def stream_back(g, start, stop, step):
-    """Open ``for base in range(start, stop, step)`` run backwards: the last trip first.
+def stream_loop(g, start, stop, step, backwards=False):
+    """Open ``for base in range(start, stop, step):`` (indenting ``g``; the caller dedents), run backwards,
+    the last trip first, when ``backwards``.
 
     Split schedules re-read x in their last kernel. Its first kernel streamed every slice forwards, CTAs
     dispatched in index order, so when it ends L2 holds the ends of the slices of its last CTAs. The last
     kernel starts there (its CTAs take the work items in reverse, each slice walked backwards), so the first
     part of its re-read, up to L2's size, hits L2 instead of having been evicted by the rest of the pass (a
     forward re-read of a tensor a little larger than L2 misses almost everywhere: LRU under a cyclic scan)."""
+    if not backwards:
+        g(f"for base in range({start}, {stop}, {step}):")
+        g.ind += 1
+        return
     g(f"ntrip = ({stop} - ({start}) + {step - 1}) // {step}")
     g(f"for trip in range(ntrip - 1, -1, -1):")
     g.ind += 1
@@ -719,11 +724,7 @@ class _Inner(_Kernel):
     def _normalize_loop(self, g, lo, hi, TPR, reverse=False):
         var = self.emit_row_affine(g)
         U = LOOP_UNROLL  # vectors loaded before any is stored: independent loads in flight
-        if reverse:
-            stream_back(g, f"{lo} + lane", hi, TPR * U)
-        else:
-            g(f"for base in range({lo} + lane, {hi}, {TPR * U}):")
-            g.ind += 1
+        stream_loop(g, f"{lo} + lane", hi, TPR * U, backwards=reverse)
         for names, o, ok in self.load_trip(g, hi, TPR, U):
             self.emit_normalize_vec(g, names, o, var, ok, raw=True)
         g.ind -= 1
@@ -773,10 +774,11 @@ class _Inner(_Kernel):
             g("st1_f32(wp, wi + 1, mean)")
             g("st1_f32(wp, wi + 2, m2)")
 
-    def _merge_and_normalize(self, g, S, L, ld="ld1_f32"):
+    def _merge_and_normalize(self, g, S, L, ld="ld1_f32", reverse=False):
         """Split schedules, second half: merge row ``row``'s S partials (Chan, in split order, so every CTA
-        of the row gets the same bits), write mean/rstd from split 0, normalize slice [lo, hi). ``ld`` loads
-        a workspace float (the coop kernel reads partials other CTAs wrote during the launch: L2 only)."""
+        of the row gets the same bits), write mean/rstd from split 0, normalize slice [lo, hi), backwards when
+        ``reverse``. ``ld`` loads a workspace float (the coop kernel reads partials other CTAs wrote during
+        the launch: L2 only)."""
         p = self.p
         g("n = F32(0.0)")
         g("mean = F32(0.0)")
@@ -802,7 +804,7 @@ class _Inner(_Kernel):
         self.finish_stats(g, "lane == 0 and sp_ == 0")
         g(f"lo = sp_ * {L}")
         g(f"hi = min(lo + {L}, {self.NC})")
-        self._normalize_loop(g, "lo", "hi", self.TPR, reverse=ld == "ld1_f32")
+        self._normalize_loop(g, "lo", "hi", self.TPR, reverse=reverse)
 
     def split(self):
         """Two kernels: partial statistics of every (row, split) slice into the workspace; then each CTA
@@ -826,7 +828,7 @@ class _Inner(_Kernel):
         g("rloc = 0")
         g(f"sp_ = bid % {S}")
         self.row_setup(g, f"bid // {S}", False)
-        self._merge_and_normalize(g, S, L)
+        self._merge_and_normalize(g, S, L, reverse=True)  # the split's re-read: where kernel 1 ended (stream_loop)
         k2 = KernelSource("normc_inner_finish", g.text(), p.grid, p.threads, self.shared, self.ptypes())
         return [k1, k2]
 
@@ -1245,7 +1247,7 @@ class _Outer(_Kernel):
 
     def emit_normalize(self, g, reverse=False):
         """y for this thread's rows: from registers (persistent) or re-read, rows walked backwards when
-        ``reverse`` (:func:`stream_back`)."""
+        ``reverse`` (:func:`stream_loop`)."""
         p, V = self.p, self.V
         fold = not self.rows_vary_params()
         for j in range(V):
@@ -1288,11 +1290,7 @@ class _Outer(_Kernel):
                 body(names, ro, ok)
         else:
             U = LOOP_UNROLL  # rows loaded before any is stored: independent loads in flight
-            if reverse:
-                stream_back(g, "r0 + ry", "r1", p.ry * U)
-            else:
-                g(f"for base in range(r0 + ry, r1, {p.ry * U}):")
-                g.ind += 1
+            stream_loop(g, "r0 + ry", "r1", p.ry * U, backwards=reverse)
             for names, ro, ok, _ in self.load_rows_trip(g, U):
                 body(names, ro, ok)
             g.ind -= 1

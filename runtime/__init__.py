@@ -112,13 +112,17 @@ class _LaunchStream:
         return self.handle
 
 
-def _transposed(got, want) -> bool:
-    """Whether a parameter of shape ``got`` holds the extents ``want`` of its step axes in another order (a
-    transposed weight, which would silently scale the wrong elements). Extents of 1 are ignored: moving them
-    keeps the elements in spec order, and any other shape of the right size is read in spec axis order."""
-    a = [n for n in got if n != 1]
-    b = [n for n in want if n != 1]
-    return a != b and sorted(a) == sorted(b)
+def check_not_transposed(name, shape, axes, sizes):
+    """Raise :class:`ArgumentError` if parameter ``name`` of ``shape`` holds the extents of its step ``axes``
+    (``sizes``: the spec's axis extents) in another order: a transposed weight, which would silently scale the
+    wrong elements. Extents of 1 are ignored (moving them keeps the elements in spec order); any other shape of
+    the right size is read in spec axis order."""
+    want = tuple(sizes[a] for a in axes)
+    got = [n for n in shape if n != 1]
+    exp = [n for n in want if n != 1]
+    if got != exp and sorted(got) == sorted(exp):
+        raise ArgumentError(f"{name} has shape {tuple(shape)}; expected {want} (axes {' '.join(axes)}), or a flat "
+                            f"array of {math.prod(want)} elements in that order")
 
 
 def check_x(spec, xi):
@@ -388,10 +392,7 @@ class Compiled:
             if got != want:
                 ext = " x ".join(f"{a}={sizes[a]}" for a in axes)
                 raise ArgumentError(f"{name} has {got} elements (shape {info.shape}); expected {want} ({ext})")
-            shape = tuple(sizes[a] for a in axes)
-            if _transposed(info.shape, shape):
-                raise ArgumentError(f"{name} has shape {tuple(info.shape)}; expected {shape} (axes "
-                                    f"{' '.join(axes)}), or a flat array of {want} elements in that order")
+            check_not_transposed(name, info.shape, axes, sizes)
             if info.dtype not in SUPPORTED:
                 raise ArgumentError(f"{name} has dtype {info.dtype}; expected one of {', '.join(SUPPORTED)}")
             if info.device != xi.device:

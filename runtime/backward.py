@@ -81,12 +81,9 @@ def _check(compiled, gi, xi, mi, ri, si):
         want = math.prod(sizes[a] for a in spec.scale)
         if math.prod(si.shape) != want:
             raise ArgumentError(f"scale has {math.prod(si.shape)} elements (shape {si.shape}); expected {want}")
-        shape = tuple(sizes[a] for a in spec.scale)
-        from . import _transposed
+        from . import check_not_transposed
 
-        if _transposed(si.shape, shape):
-            raise ArgumentError(f"scale has shape {tuple(si.shape)}; expected {shape} (axes {' '.join(spec.scale)}), "
-                                f"or a flat array of {want} elements in that order")
+        check_not_transposed("scale", si.shape, spec.scale, sizes)
         if si.dtype not in SUPPORTED:
             raise ArgumentError(f"scale has dtype {si.dtype}; expected one of {', '.join(SUPPORTED)}")
         if not _c_order(si):
