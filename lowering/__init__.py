@@ -85,10 +85,10 @@ def _signature(ptypes):
     return tuple(types.CPointer(m[t]) for t in ptypes)
 
 
-def _bound_occupancy(ptx, min_ctas, cc):
+def _bound_occupancy(ptx, min_ctas, cc, max_spill=0):
     """``ptx`` with the launch bound ``.minnctapersm min_ctas`` (ptxas then keeps registers at or under
     64K / (min_ctas x block)) when that assembles without spilling; else ``ptx`` unchanged, its occupancy
-    whatever its registers give. The directive is added to the text rather than asked of Numba, so trying
+    whatever its registers give (``max_spill``: bytes of spills, stack included, that still keep the bound). The directive is added to the text rather than asked of Numba, so trying
     the bound costs one ptxas run (tens of ms), not a second Numba compile (seconds). Spills were seen at the
     64-register bound: 8 bytes in a float32 outer partial kernel that used 64 registers unbounded."""
     bounded, n = re.subn(r"(\.maxntid[^\n]*\n)", rf"\1.minnctapersm {min_ctas}\n", ptx, count=1)
@@ -98,7 +98,7 @@ def _bound_occupancy(ptx, min_ctas, cc):
         use = assemble(bounded, f"sm_{cc[0]}{cc[1]}")[1]
     except Exception:  # no nvJitLink here, or it refused the PTX: the unbounded kernel is still correct
         return ptx
-    return ptx if use.spill_stores or use.spill_loads or use.stack else bounded
+    return ptx if max(use.spill_stores, use.spill_loads, use.stack) > max_spill else bounded
 
 
 # Call typing memoized while normc compiles (set NORMC_TYPING_MEMO=0 to compile without it).
@@ -219,7 +219,7 @@ def compile_source(ks: KernelSource, cc) -> LoweredKernel:
     if ".extern" in ptx:
         raise CompileError(f"PTX of {ks.name} has unresolved .extern declarations")
     if ks.min_ctas:
-        ptx = _bound_occupancy(ptx, ks.min_ctas, cc)
+        ptx = _bound_occupancy(ptx, ks.min_ctas, cc, ks.max_spill)
     entries = re.findall(r"\.visible\s+\.entry\s+([\w$]+)\s*\(", ptx)
     if len(entries) != 1:
         raise CompileError(f"PTX of {ks.name} has {len(entries)} entries; expected 1")

@@ -40,6 +40,12 @@ PARAMS = "xp, op, sp, hp, mp, rp, wp"
 # 256-thread ones 3, and grids planned for 4 x 512 threads per SM ran 2.2-4.4 waves, the last one mostly idle.
 # Grids of split schedules are sized in these slots (see _fill_splits).
 STREAM_THREADS_PER_SM = 1024
+# Threads per SM a persistent inner kernel whose threads hold more than 32 values is compiled to keep resident
+# (launch bounds, when ptxas then spills nothing): 512, at most 128 registers per thread.
+PERSISTENT_SM_THREADS = 512
+# Spill stores (bytes) such a bound may cost and still be kept: a few words through L1 cost less than half the
+# SM's CTAs (a 256-thread cluster CTA of 52 float32 values spilled 24 bytes at 128 registers).
+PERSISTENT_MAX_SPILL = 64
 # Split, column-major second kernel (layer/RMS norm): at most this many rows, whose means and factors it
 # keeps in shared memory (3 floats each); split plans have fewer rows than SMs unless forced.
 FINISH_COLUMNS_MAX_ROWS = 1024
@@ -91,6 +97,7 @@ class KernelSource:
             down to a multiple of the reduction's splits, and the kernel loops over its work ``gridDim`` apart.
         min_ctas: CTAs of ``block`` threads that must fit one SM (the second launch bound, PTX
             ``.minnctapersm``: ptxas caps registers at 64K / (min_ctas x block)); 0 leaves registers uncapped.
+        max_spill: bytes of spill stores the bound may cost and still be kept (else it is dropped).
     """
 
     name: str
@@ -102,6 +109,7 @@ class KernelSource:
     cluster: int = 1
     coop: bool = False
     min_ctas: int = 0
+    max_spill: int = 0
 
 
 class _Src:
@@ -266,6 +274,13 @@ class _Kernel(_Emitter):
         self.shared = 0
         # statistics over power-of-two scaled values (SCALED_DTYPES); other dtypes' sources are unchanged
         self.scaled = plan.x_dtype in SCALED_DTYPES
+        # Cache hints of the schedules that read x twice (plan.cache_hints; see the planner's CACHE_HINTS):
+        # suffixes of the load/store names (normc.lowering.device) for x's first read (which a second pass
+        # reads again), x's last read, and y.
+        hints = plan.cache_hints if plan.schedule in ("looped", "split", "coop") else 0
+        self.h_first = "_el" if hints >= 2 else ""
+        self.h_last = "_ef" if hints >= 1 else ""
+        self.h_y = "_ef" if hints >= 1 else ""
 
     def ptypes(self):
         p = self.p
@@ -348,11 +363,12 @@ class _Kernel(_Emitter):
             g(f"wm{j} = wm{j} + dd * rc")
             g(f"wq{j} = wq{j} + dd * ({nm} - wm{j})")
 
-    def stream_loads(self, g, U, step, valid, clamp, offsets, x_at, prefixes):
+    def stream_loads(self, g, U, step, valid, clamp, offsets, x_at, prefixes, hint=""):
         """U loads of one streaming-loop trip (inside ``for base in range(...)``): index ``base + u * step``,
         condition ``valid(index)``, offsets of the index clamped to ``clamp`` (always in bounds, so a masked
         lane still forms a legal address), x at ``x_at(offsets)``. All U loads are issued before any value is
-        used. ``prefixes`` names the index and clamped-index variables. Returns [(names, offsets, ok, index)]."""
+        used. ``prefixes`` names the index and clamped-index variables; ``hint``: the loads' cache-hint suffix.
+        Returns [(names, offsets, ok, index)]."""
         items = []
         for u in range(U):
             i, ok, ic = g.new(prefixes[0]), g.new("ok"), g.new(prefixes[1])
@@ -361,28 +377,30 @@ class _Kernel(_Emitter):
             g(f"{ic} = min({i}, {clamp})")
             o = offsets(g, ic)
             names = [g.new("x") for _ in range(self.V)]
-            self.load_x(g, names, x_at(o), ok)
+            self.load_x(g, names, x_at(o), ok, hint)
             items.append((names, o, ok, i))
         return items
 
-    def load_x(self, g, names, off, ok):
-        """Emit loading V x-values at element offset ``off`` into ``names`` (zeros when not ``ok``).
+    def load_x(self, g, names, off, ok, hint=""):
+        """Emit loading V x-values at element offset ``off`` into ``names`` (zeros when not ``ok``), with the
+        cache-hint suffix ``hint`` ("", "_ef", "_el").
 
         A condition is passed to a masked load (``ldm``: predicated in PTX) rather than emitted as an ``if``:
         straight-line source keeps Numba's compile time low (its SSA and typing passes grow with blocks)."""
         V = self.V
-        fn = f"ld{V}_{self.xt}" if ok == "True" else f"ldm{V}_{self.xt}"
+        fn = (f"ld{V}_{self.xt}" if ok == "True" else f"ldm{V}_{self.xt}") + hint
         cond = "" if ok == "True" else f", {ok}"
         g(f"{', '.join(names)} = {fn}(xp, {off}{cond})")
 
-    def store_out(self, g, vals, off, ok="True"):
-        """Emit storing V values at element offset ``off`` of out (only when ``ok``: a masked store)."""
+    def store_out(self, g, vals, off, ok="True", hint=""):
+        """Emit storing V values at element offset ``off`` of out (only when ``ok``: a masked store), with the
+        cache-hint suffix ``hint``."""
         V = self.V
         v = vals[0] if V == 1 else f"({', '.join(vals)},)"
         if ok == "True":
-            g(f"st{V}_{self.ot}(op, {off}, {v})")
+            g(f"st{V}_{self.ot}{hint}(op, {off}, {v})")
         else:
-            g(f"stm{V}_{self.ot}(op, {off}, {v}, {ok})")
+            g(f"stm{V}_{self.ot}{hint}(op, {off}, {v}, {ok})")
 
     def load_param(self, g, which, off, step, vec_ok, count):
         """Emit loads of ``count`` affine values at ``off`` + j*``step``; returns their names."""
@@ -470,11 +488,11 @@ class _Inner(_Kernel):
             g("b = b + ld1_%s(hp, hb)" % TAG[self.p.shift_dtype])
         return var
 
-    def emit_normalize_vec(self, g, xs, offs, var, ok="True", raw=False, params=None, ob="ob"):
+    def emit_normalize_vec(self, g, xs, offs, var, ok="True", raw=False, params=None, ob="ob", hint=""):
         """Normalize and store V values ``xs``: the shifted (and scaled) registers of the persistent kernel,
         or x as loaded (``raw``: scaled norm multiplies it by scl first; an exact product, one FMA).
         ``params``: names of the V scale and V shift values along the row when already loaded (else they are
-        loaded here); ``ob``: the expression of the row's base offset in out."""
+        loaded here); ``ob``: the expression of the row's base offset in out; ``hint``: the store's cache hint."""
         V = self.V
         inner = self.inner
         ys = [g.new("y") for _ in range(V)]
@@ -491,7 +509,7 @@ class _Inner(_Kernel):
                                                          self.p.shift_vec, V)
             for j in range(V):
                 g(f"{ys[j]} = {ys[j]} + {sh[j]}")
-        self.store_out(g, ys, f"{ob} + {offs['out']}", ok)
+        self.store_out(g, ys, f"{ob} + {offs['out']}", ok, hint)
 
     # reductions ----------------------------------------------------------------------------------------
     def reduce_triple(self, g, n, m, m2, tag):
@@ -671,7 +689,12 @@ class _Inner(_Kernel):
             self.emit_normalize_vec(g, names, o, var, ok)
         if C > 1:
             g("cluster_wait()  # peers may still read this CTA's shared memory until they arrive")
-        return KernelSource("normc_inner", g.text(), p.grid, p.threads, self.shared, self.ptypes(), C)
+        # CTAs under 512 threads holding more than 32 values per thread: keep two of them per SM (at most 128
+        # registers per thread, what a 512-thread CTA gets), so one's loads overlap the other's reduction
+        wide = p.threads < PERSISTENT_SM_THREADS and E * V > 32
+        return KernelSource("normc_inner", g.text(), p.grid, p.threads, self.shared, self.ptypes(), C,
+                            min_ctas=PERSISTENT_SM_THREADS // p.threads if wide else 0,
+                            max_spill=PERSISTENT_MAX_SPILL if wide else 0)
 
     def cluster_sum(self, g, name, rnd):
         """Sum a CTA-uniform value over the CTAs of the cluster (in rank order: every CTA gets the same
@@ -688,11 +711,11 @@ class _Inner(_Kernel):
         with g.block(f"for k in range(1, {C}):"):
             g(f"{name} = {name} + dsmem_ld(sX{rnd}, 0, k)")
 
-    def load_trip(self, g, hi, TPR, U):
+    def load_trip(self, g, hi, TPR, U, hint=""):
         """One trip of a streaming loop over a row (inside ``for base in range(..., TPR * U)``): U vectors
         ``base + u * TPR`` loaded before any is used (masked past ``hi``). Returns [(names, offsets, ok)]."""
         items = self.stream_loads(g, U, TPR, lambda c: f"{c} < {hi}", f"{hi} - 1", self.chunk_offsets,
-                                  lambda o: f"xb + {o['x']}", ("c", "cc"))
+                                  lambda o: f"xb + {o['x']}", ("c", "cc"), hint)
         return [(names, o, ok) for names, o, ok, _ in items]
 
     def _welford_loop(self, g, lo, hi, TPR):
@@ -700,7 +723,7 @@ class _Inner(_Kernel):
         V, U = self.V, self.p.per_thread
         self.acc_init(g)
         with g.block(f"for base in range({lo} + lane, {hi}, {TPR * U}):"):
-            for names, _, ok in self.load_trip(g, hi, TPR, U):
+            for names, _, ok in self.load_trip(g, hi, TPR, U, self.h_first):
                 with g.block(f"if {ok}:"):
                     for nm in names:
                         g(f"{nm} = {nm} * scl - pvs" if self.scaled else f"{nm} = {nm} - pv")
@@ -717,7 +740,7 @@ class _Inner(_Kernel):
         U = self.p.per_thread
         g("q = F32(0.0)")
         with g.block(f"for base in range({lo} + lane, {hi}, {TPR * U}):"):
-            for names, _, _ in self.load_trip(g, hi, TPR, U):  # masked lanes load 0
+            for names, _, _ in self.load_trip(g, hi, TPR, U, self.h_first):  # masked lanes load 0
                 for nm in names:
                     g(f"q = q + ({nm} * scl) * ({nm} * scl)" if self.scaled else f"q = q + {nm} * {nm}")
 
@@ -725,8 +748,8 @@ class _Inner(_Kernel):
         var = self.emit_row_affine(g)
         U = LOOP_UNROLL  # vectors loaded before any is stored: independent loads in flight
         stream_loop(g, f"{lo} + lane", hi, TPR * U, backwards=reverse)
-        for names, o, ok in self.load_trip(g, hi, TPR, U):
-            self.emit_normalize_vec(g, names, o, var, ok, raw=True)
+        for names, o, ok in self.load_trip(g, hi, TPR, U, self.h_last):
+            self.emit_normalize_vec(g, names, o, var, ok, raw=True, hint=self.h_y)
         g.ind -= 1
 
     def looped(self):
@@ -897,7 +920,7 @@ class _Inner(_Kernel):
                     g(f"{r} = min(r0 + {u}, {K - 1})")
                     cs = _coords(g, r, self.kep, "k")
                     names = [g.new("x") for _ in range(V)]
-                    self.load_x(g, names, f"{_offset(cs, self.kep, 'x')} + {o['x']}", ok)
+                    self.load_x(g, names, f"{_offset(cs, self.kep, 'x')} + {o['x']}", ok, self.h_last)
                     rows.append((r, ok, names, _offset(cs, self.kep, "out")))
                 for r, ok, names, obr in rows:
                     g(f"mean = sMe[{r}]")
@@ -905,7 +928,8 @@ class _Inner(_Kernel):
                     g("b = F32(0.0)")
                     if norm_scaled:
                         g(f"scl = sSc[{r}]")
-                    self.emit_normalize_vec(g, names, o, var, ok, raw=True, params=(sc, sh), ob=f"({obr})")
+                    self.emit_normalize_vec(g, names, o, var, ok, raw=True, params=(sc, sh), ob=f"({obr})",
+                                            hint=self.h_y)
         return KernelSource("normc_inner_finish", g.text(), p.grid, p.threads, self.shared, self.ptypes())
 
     def coop(self):
@@ -1040,7 +1064,7 @@ class _Outer(_Kernel):
         U = p.per_thread
         self.acc_init(g)
         with g.block(f"for base in range(r0 + ry, r1, {p.ry * U}):"):
-            for names, _, _, row_ok in self.load_rows_trip(g, U):
+            for names, _, _, row_ok in self.load_rows_trip(g, U, self.h_first):
                 with g.block(f"if {row_ok}:"):
                     if self.scaled:
                         for j, nm in enumerate(names):
@@ -1100,12 +1124,12 @@ class _Outer(_Kernel):
                 with g.block(f"if cx * {V} + {j} < {T}:"):
                     g(f"sPv[cx * {V} + {j}] = pv{j}")
 
-    def load_rows_trip(self, g, U):
+    def load_rows_trip(self, g, U, hint=""):
         """One trip of a streaming loop over rows (inside ``for base in range(r0 + ry, r1, RY * U)``): U rows
         ``base + u * RY`` of this thread's V columns, loaded before any is used. Returns
         [(names, row offsets, load condition (row and column valid), row condition (row valid))]."""
         items = self.stream_loads(g, U, self.p.ry, lambda r: f"cok & ({r} < r1)", self.RR - 1, self.row_offsets,
-                                  lambda ro: f"xb + {self.co['x']} + {ro['x']}", ("rw", "rcl"))
+                                  lambda ro: f"xb + {self.co['x']} + {ro['x']}", ("rw", "rcl"), hint)
         return [(names, ro, ok, f"act and {r} < r1") for names, ro, ok, r in items]
 
     def emit_cta_combine(self, g):
@@ -1259,7 +1283,7 @@ class _Outer(_Kernel):
         # kernel's registers already hold x * scl - pv * scl
         raw_scl = self.scaled and p.stat == "norm" and p.schedule != "persistent"
 
-        def body(names, ro, ok="True"):
+        def body(names, ro, ok="True", hint=""):
             ys = [g.new("y") for _ in range(V)]
             for j in range(V):
                 xj = f"{names[j]} * scl{j}" if raw_scl else names[j]
@@ -1283,7 +1307,7 @@ class _Outer(_Kernel):
                         vals = self.load_param(g, w, f"{base} + {self.co[w]} + {ro[w]}", step, False, V)
                     for j in range(V):
                         g(f"{ys[j]} = {ys[j]} * {vals[j]}" if w == "scale" else f"{ys[j]} = {ys[j]} + {vals[j]}")
-            self.store_out(g, ys, f"ob + {self.co['out']} + {ro['out']}", ok)
+            self.store_out(g, ys, f"ob + {self.co['out']} + {ro['out']}", ok, hint)
 
         if p.schedule == "persistent":
             for ok, names, ro in self.px:
@@ -1291,8 +1315,8 @@ class _Outer(_Kernel):
         else:
             U = LOOP_UNROLL  # rows loaded before any is stored: independent loads in flight
             stream_loop(g, "r0 + ry", "r1", p.ry * U, backwards=reverse)
-            for names, ro, ok, _ in self.load_rows_trip(g, U):
-                body(names, ro, ok)
+            for names, ro, ok, _ in self.load_rows_trip(g, U, self.h_last):
+                body(names, ro, ok, self.h_y)
             g.ind -= 1
 
     def column_total(self, g, vals, dst, rnd):

@@ -7,6 +7,15 @@ words, so they are built here as Numba intrinsics emitting LLVM IR with llvmlite
   ``i`` of pointer ``p``, converted to float32; returns a float32 (v = 1) or a UniTuple of float32.
 * ``st{v}_{t}(p, i, vals)``: converts float32 values (round to nearest even) and stores them in one access.
 
+Cache-hinted forms (``HINTS``; suffix ``_{h}`` on every name above, e.g. ``ld4_f32_ef``, ``stm8_f16_ef``), for
+the streaming schedules that read x twice, so that L2 keeps the lines they will read again:
+
+* ``ef`` (evict first): loads ``ld.global.cs`` (x's last use) and stores ``st.global.cs`` (y is not read
+  again by the kernel): the lines are allocated evict-first in L1 and L2, so they are replaced before the
+  first pass's lines that the second pass still has to read.
+* ``el`` (evict last): loads ``ld.global.L2::cache_hint`` with a ``createpolicy.fractional.L2::evict_last``
+  policy (the first pass over x, which the second pass re-reads).
+
 float16 uses LLVM's ``half`` (``cvt.f32.f16`` / ``cvt.rn.f16.f32``). bfloat16 widens by a 16-bit shift and
 narrows with integer round-to-nearest-even, NaN kept quiet (0x7fc0), as PyTorch's ``c10::BFloat16`` does.
 Thread-block clusters (sm_90+) for reductions spread over several CTAs:
@@ -107,7 +116,77 @@ def _global_ptr(builder, p, idx, tag, width):
     return builder.bitcast(g, ir.PointerType(ir.VectorType(elem, width), 1))
 
 
-def _make_load(tag, width):
+HINTS = ("ef", "el")
+
+
+def _hint_regs(tag, width):
+    """PTX type, inline-asm constraint, register count and LLVM type of a ``width``-element access as it is
+    moved (16-bit elements in 32-bit words when ``width`` > 1, as :func:`_load_vec` does)."""
+    if tag == "f32":
+        return "f32", "f", width, _f32
+    if width == 1:
+        return "u16", "h", 1, _i16
+    return "u32", "r", width // 2, _i32
+
+
+def _load_vec_hint(builder, p, idx, tag, width, hint):
+    """:func:`_load_vec` with the cache hint ``hint`` (``HINTS``), through inline PTX."""
+    ty, con, n, lty = _hint_regs(tag, width)
+    addr = builder.ptrtoint(_global_ptr(builder, p, idx, tag, 1), ir.IntType(64))
+    dst = "$0" if n == 1 else "{" + ", ".join(f"${k}" for k in range(n)) + "}"
+    vec = "" if n == 1 else f".v{n}"
+    if hint == "ef":
+        text = f"ld.global.cs{vec}.{ty} {dst}, [${n}];"
+    else:
+        text = ("{ .reg .b64 pol; createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
+                f"ld.global.L2::cache_hint{vec}.{ty} {dst}, [${n}], pol; }}")
+    ret = lty if n == 1 else ir.LiteralStructType([lty] * n)
+    # Not side-effecting: LLVM may schedule these loads like plain ones (x is read-only during the launch),
+    # and the masked forms stay inside their branch (a call to inline asm is never speculated).
+    fnty = ir.FunctionType(ret, [addr.type])
+    out = builder.call(ir.InlineAsm(fnty, text, ",".join([f"={con}"] * n + ["l"]), side_effect=False), [addr])
+    if n == 1:
+        return out
+    words = ir.Constant(ir.VectorType(lty, n), ir.Undefined)
+    for k in range(n):
+        words = builder.insert_element(words, builder.extract_value(out, k), ir.Constant(_i32, k))
+    return words  # 16-bit elements: still 32-bit words (see _load_any)
+
+
+def _store_vec_hint(builder, vec, p, idx, tag, width, hint):
+    """:func:`_store_vec` with the cache hint ``hint`` (only ``ef``: ``st.global.cs``), through inline PTX."""
+    assert hint == "ef", hint
+    ty, con, n, lty = _hint_regs(tag, width)
+    addr = builder.ptrtoint(_global_ptr(builder, p, idx, tag, 1), ir.IntType(64))
+    if n == 1:
+        vals = [vec]
+    else:
+        words = vec if tag == "f32" else builder.bitcast(vec, ir.VectorType(lty, n))
+        vals = [builder.extract_element(words, ir.Constant(_i32, k)) for k in range(n)]
+    src = "$1" if n == 1 else "{" + ", ".join(f"${k + 1}" for k in range(n)) + "}"
+    vec_ = "" if n == 1 else f".v{n}"
+    _asm(builder, f"st.global.cs{vec_}.{ty} [$0], {src};", ",".join(["l"] + [con] * n + ["~{memory}"]),
+         ir.VoidType(), [addr] + vals)
+
+
+def _load_any(builder, p, idx, tag, width, hint, words=False):
+    """The load of ``_load_vec`` (``hint`` "") or ``_load_vec_hint``. ``words``: 16-bit elements of a vector
+    load are returned as the 32-bit words they were moved in (:func:`_as_elems` converts them), so that a
+    masked load's merge with zeros happens on words: on 16-bit lanes it took 2 registers per word."""
+    if not hint:
+        return _load_vec(builder, p, idx, tag, width)
+    v = _load_vec_hint(builder, p, idx, tag, width, hint)
+    return v if words else _as_elems(builder, v, tag, width)
+
+
+def _as_elems(builder, v, tag, width):
+    """The ``width``-element vector of a load that ``_load_any(..., words=True)`` returned."""
+    if tag == "f32" or width == 1 or v.type == ir.VectorType(_i16, width):
+        return v
+    return builder.bitcast(v, ir.VectorType(_i16, width))
+
+
+def _make_load(tag, width, hint=""):
     @intrinsic
     def ld(typingctx, ptr, idx):
         if not isinstance(ptr, types.CPointer) or not isinstance(idx, types.Integer):
@@ -118,7 +197,7 @@ def _make_load(tag, width):
         def codegen(context, builder, signature, args):
             p, i = args
             i = context.cast(builder, i, signature.args[1], int64)
-            val = _load_vec(builder, p, i, tag, width)
+            val = _load_any(builder, p, i, tag, width, hint)
             if width == 1:
                 return _to_f32(builder, tag, val)
             elems = [_to_f32(builder, tag, builder.extract_element(val, ir.Constant(_i32, k)))
@@ -127,11 +206,11 @@ def _make_load(tag, width):
 
         return sig, codegen
 
-    ld.__name__ = f"ld{width}_{tag}"
+    ld.__name__ = f"ld{width}_{tag}" + (f"_{hint}" if hint else "")
     return ld
 
 
-def _make_masked_load(tag, width):
+def _make_masked_load(tag, width, hint=""):
     """``ldm{width}_{tag}(p, i, ok)``: the load of ``ld{width}_{tag}`` when ``ok``, else zeros. The condition
     becomes an LLVM branch (predicated load), not a Numba basic block: generated kernels stay straight-line
     code, which Numba types and lowers much faster."""
@@ -148,10 +227,12 @@ def _make_masked_load(tag, width):
             c = context.cast(builder, c, signature.args[2], types.boolean)
             ety = _elem_ir(tag)
             vty = ety if width == 1 else ir.VectorType(ety, width)
+            if hint and tag != "f32" and width > 1:
+                vty = ir.VectorType(_i32, width // 2)  # merged with zeros as words (see _load_any)
             slot = cgutils.alloca_once_value(builder, ir.Constant(vty, None))
             with builder.if_then(c, likely=True):
-                builder.store(_load_vec(builder, p, i, tag, width), slot)
-            val = builder.load(slot)
+                builder.store(_load_any(builder, p, i, tag, width, hint, words=True), slot)
+            val = _as_elems(builder, builder.load(slot), tag, width)
             if width == 1:
                 return _to_f32(builder, tag, val)
             elems = [_to_f32(builder, tag, builder.extract_element(val, ir.Constant(_i32, k)))
@@ -160,37 +241,60 @@ def _make_masked_load(tag, width):
 
         return sig, codegen
 
-    ldm.__name__ = f"ldm{width}_{tag}"
+    ldm.__name__ = f"ldm{width}_{tag}" + (f"_{hint}" if hint else "")
     return ldm
 
 
-def _store_codegen(tag, width):
+def _pack2(builder, tag, lo, hi):
+    """Two float32 rounded to nearest even into one 32-bit word of 16-bit values, ``lo`` in the low half: one
+    ``cvt.rn.{f16,bf16}x2.f32`` (sm_80+). For bfloat16 this replaces the integer rounding of
+    :func:`_from_f32` (about 6 instructions per value; same results, except that a NaN becomes the canonical
+    0x7FFF instead of 0x7FC0: both are quiet NaNs)."""
+    ty = "f16x2" if tag == "f16" else "bf16x2"
+    fnty = ir.FunctionType(_i32, [_f32, _f32])
+    return builder.call(ir.InlineAsm(fnty, f"cvt.rn.{ty}.f32 $0, $1, $2;", "=r,f,f", side_effect=False), [hi, lo])
+
+
+def _store_codegen(tag, width, hint=""):
     def codegen(context, builder, signature, args):
         p, i, v = args[:3]
         i = context.cast(builder, i, signature.args[1], int64)
         vt = signature.args[2]
         if width == 1:
             f = context.cast(builder, v, vt, float32)
-            builder.store(_from_f32(builder, tag, f), _global_ptr(builder, p, i, tag, 1), align=_ITEM[tag])
+            if hint:
+                _store_vec_hint(builder, _from_f32(builder, tag, f), p, i, tag, 1, hint)
+            else:
+                builder.store(_from_f32(builder, tag, f), _global_ptr(builder, p, i, tag, 1), align=_ITEM[tag])
             return context.get_dummy_value()
-        vec = ir.Constant(ir.VectorType(_elem_ir(tag), width), ir.Undefined)
-        for k in range(width):
-            f = context.cast(builder, builder.extract_value(v, k), vt[k], float32)
-            vec = builder.insert_element(vec, _from_f32(builder, tag, f), ir.Constant(_i32, k))
-        _store_vec(builder, vec, p, i, tag, width)
+        fs = [context.cast(builder, builder.extract_value(v, k), vt[k], float32) for k in range(width)]
+        if tag == "f32":
+            vec = ir.Constant(ir.VectorType(_f32, width), ir.Undefined)
+            for k in range(width):
+                vec = builder.insert_element(vec, fs[k], ir.Constant(_i32, k))
+        else:
+            words = ir.Constant(ir.VectorType(_i32, width // 2), ir.Undefined)
+            for k in range(0, width, 2):
+                words = builder.insert_element(words, _pack2(builder, tag, fs[k], fs[k + 1]),
+                                               ir.Constant(_i32, k // 2))
+            vec = builder.bitcast(words, ir.VectorType(_i16, width))
+        if hint:
+            _store_vec_hint(builder, vec, p, i, tag, width, hint)
+        else:
+            _store_vec(builder, vec, p, i, tag, width)
         return context.get_dummy_value()
 
     return codegen
 
 
-def _make_store(tag, width):
+def _make_store(tag, width, hint=""):
     @intrinsic
     def st(typingctx, ptr, idx, vals):
         if not isinstance(ptr, types.CPointer) or not isinstance(idx, types.Integer):
             return None
-        return types.void(ptr, idx, vals), _store_codegen(tag, width)
+        return types.void(ptr, idx, vals), _store_codegen(tag, width, hint)
 
-    st.__name__ = f"st{width}_{tag}"
+    st.__name__ = f"st{width}_{tag}" + (f"_{hint}" if hint else "")
     return st
 
 
@@ -286,7 +390,7 @@ def ldcg_f32(typingctx, ptr, idx):
     return float32(ptr, idx), codegen
 
 
-def _make_masked_store(tag, width):
+def _make_masked_store(tag, width, hint=""):
     """``stm{width}_{tag}(p, i, vals, ok)``: the store of ``st{width}_{tag}`` when ``ok`` (an LLVM branch)."""
 
     @intrinsic
@@ -294,7 +398,7 @@ def _make_masked_store(tag, width):
         if not isinstance(ptr, types.CPointer) or not isinstance(idx, types.Integer):
             return None
         sig = types.void(ptr, idx, vals, ok)
-        store = _store_codegen(tag, width)
+        store = _store_codegen(tag, width, hint)
 
         def codegen(context, builder, signature, args):
             c = context.cast(builder, args[3], signature.args[3], types.boolean)
@@ -304,7 +408,7 @@ def _make_masked_store(tag, width):
 
         return sig, codegen
 
-    stm.__name__ = f"stm{width}_{tag}"
+    stm.__name__ = f"stm{width}_{tag}" + (f"_{hint}" if hint else "")
     return stm
 
 
@@ -355,5 +459,11 @@ def namespace() -> dict:
             ns[f"st{w}_{tag}"] = _make_store(tag, w)
             ns[f"ldm{w}_{tag}"] = _make_masked_load(tag, w)
             ns[f"stm{w}_{tag}"] = _make_masked_store(tag, w)
+            for h in HINTS:
+                ns[f"ld{w}_{tag}_{h}"] = _make_load(tag, w, h)
+                ns[f"ldm{w}_{tag}_{h}"] = _make_masked_load(tag, w, h)
+                if h == "ef":
+                    ns[f"st{w}_{tag}_{h}"] = _make_store(tag, w, h)
+                    ns[f"stm{w}_{tag}_{h}"] = _make_masked_store(tag, w, h)
     ns["sel"] = sel
     return ns

@@ -15,7 +15,7 @@ import time
 import numpy as np
 from numba import cuda
 
-from .device import TAGS, WIDTHS
+from .device import HINTS, TAGS, WIDTHS
 
 
 def _cvt_in(tag, raw):
@@ -213,6 +213,9 @@ def namespace(cluster=1, threads=1, blocks=1) -> dict:
             ns[f"st{w}_{tag}"] = _make_st(tag, w)
             ns[f"ldm{w}_{tag}"] = _make_ldm(tag, w)
             ns[f"stm{w}_{tag}"] = _make_stm(tag, w)
+            for h in HINTS:  # cache hints change nothing a simulated memory can show
+                for op in ("ld", "ldm", "st", "stm"):
+                    ns[f"{op}{w}_{tag}_{h}"] = ns[f"{op}{w}_{tag}"]
     ns["sel"] = sel
     return ns
 

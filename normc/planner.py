@@ -59,11 +59,27 @@ MAX_VALUES_PER_THREAD = 32
 CTA_THREADS = 256
 # Largest CTA for a persistent row: 1024 threads would cap registers at 64/thread (64K per SM).
 MAX_PERSISTENT_THREADS = 512
+# 16-bit inner rows too long for one CTA: with at least SMs / LOOPED_16BIT_MIN_ROWS_PER_SM rows, one streaming
+# CTA per row (looped) instead of a cluster that holds the row in float32 registers (64 values, 98-128
+# registers: one 512-thread CTA per SM, for 16 bytes streamed per 8 values). Measured on the H200
+# (tests/gpu_sweep.py, 2026-12-02): NCHW batch statistics (256, 256, 28, 28) float16 cluster 122.3 us, looped
+# 87.2 us; NCDHW instance norm (2, 64, 64^3) float16 (128 rows) 60.5 vs 56.3 us. float32 rows keep the cluster
+# ((2, 64, 64^3) float32: 88.6 vs 108.5 us looped; 1000 x 100,000: 286 vs 342 us).
+LOOPED_16BIT_MIN_ROWS_PER_SM = 2
+# Threads of an inner CTA whose threads hold up to 2 x MAX_VALUES_PER_THREAD values (a row too long for
+# MAX_PERSISTENT_THREADS x MAX_VALUES_PER_THREAD), and of the CTAs of an inner cluster. 512 threads at up to
+# 128 registers fit one CTA per SM; 256 fit two, so one CTA's loads overlap the other's reduction and stores.
+INNER_WIDE_THREADS = 512
 # A looped/split CTA streams its reduction with 512 threads: 4 such CTAs fill an SM (2048 threads).
 STREAM_THREADS = 512
 # Vectors loaded before any is used in looped schedules (memory-level parallelism: several independent
 # loads in flight per thread, PyTorch's channels-last batch norm uses 4).
 LOOP_UNROLL = 4
+# Outer strategy: vectors of the contiguous kept block one column tile spans (32 x 16 B = 512 B: one warp
+# covers a tile row); narrower tiles mean more, smaller CTAs (or clusters) per reduction's rows.
+OUTER_TILE_VECTORS = 32
+# Threads of an outer/mixed CTA that streams its rows (looped and split schedules).
+OUTER_STREAM_THREADS = CTA_THREADS
 # A reduction run shorter than this many bytes is too short to coalesce along: prefer the mixed strategy.
 # One warp access should touch >= 128 contiguous bytes (quack coalescing notes, design/anchors.md); with
 # 16-byte vectors a 256-byte run feeds 16 lanes.
@@ -126,6 +142,11 @@ SHORT_ROW_VECTORS = 4
 # Half the H200's 60 MB L2; measured on the H200: NHWC instance norm (256, 128, 28, 28) float16 (26.5 MB in
 # flight) looped 61 us vs cluster 77 us; float32 (53 MB) looped 108 us vs cluster 79 us.
 LOOPED_L2_BYTES = 30 * 2**20
+# L2 cache hints of the schedules that read x twice (Plan.cache_hints): 1 marks x's last read and y's stores
+# evict-first (ld/st.global.cs), so the lines of x that the second pass has yet to read are not the ones L2
+# replaces (torch.compile's two-loop reductions do the same through Triton's eviction_policy: 'evict_last'
+# on the first loop's loads, 'evict_first' on the last loop's); 2 also marks x's first read evict-last.
+CACHE_HINTS = 1
 # Default multiprocessor count when planning without a GPU: H100/H200 SXM have 132 SMs.
 DEFAULT_SMS = 132
 
@@ -159,6 +180,9 @@ class Plan:
         splits: CTAs per reduction (split and coop schedules), else 1.
         cluster: CTAs per thread-block cluster sharing one reduction through distributed shared memory
             (persistent schedule on sm_90+), else 1.
+        cache_hints: L2 cache hints of the schedules that read x twice (looped, split, coop; ignored by
+            persistent ones): 0 none; 1 x's last read and y's stores evict-first (``ld/st.global.cs``), so L2
+            keeps the lines of x the second pass has yet to read; 2 also the first read of x evict-last.
         grid: CTAs of the (each) kernel; coop: the most CTAs its cooperative kernel uses (``splits`` x the
             reductions in flight).
         kept, reduced: number of kept indices (reductions) and elements per reduction.
@@ -195,6 +219,7 @@ class Plan:
     arch: str
     sms: int
     cluster: int = 1
+    cache_hints: int = 0
     why: tuple = field(default=(), compare=False)
 
     @property
@@ -312,6 +337,21 @@ def pick_vec(axes, run_size, dtype_bytes, aligns, tensors=("x", "out"), inner_in
         v *= 2
 
 
+def _hints(strategy, schedule, why) -> int:
+    """Plan.cache_hints (CACHE_HINTS where x is read twice, else 0); explained in ``why``. The inner split
+    gets none: on the H200 its rows ran 1-5% slower with them (4 x 10,000,001: 271 -> 285 us), while the
+    outer/mixed schedules gained up to 11% (NHWC instance norm (256, 128, 28, 28) float16, looped: 50.9 ->
+    45.3 us; (2, 64, 64, 64, 64) float16, split: 77.0 -> 70.8 us; tests/gpu_sweep.py, 2026-12-02)."""
+    if schedule not in ("looped", "split", "coop") or not CACHE_HINTS:
+        return 0
+    if strategy == "inner" and schedule != "looped":
+        return 0
+    why.append("x read twice: its last read and y's stores evict-first in L2"
+               + (", its first read evict-last" if CACHE_HINTS >= 2 else "")
+               + ", so L2 keeps what the second pass re-reads")
+    return CACHE_HINTS
+
+
 def _fill_splits(items, slots) -> int:
     """Splits per item so that ``items x splits`` CTAs fill the fewest waves of ``slots`` resident CTAs
     (at least SPLIT_MIN_WAVES) to at least SPLIT_MIN_FILL; ``items`` >= 1, ``slots`` >= 1."""
@@ -408,9 +448,9 @@ def _param_vec(p, axes, vec, dbytes, which, block):
 
 
 def schedule_try_wide(tpr, per, vec):
-    """Whether a 512-thread row may hold up to 2 x MAX_VALUES_PER_THREAD values (launch bounds cap it at
-    128 registers/thread, enough for 64 float32 values plus addressing)."""
-    return tpr == MAX_PERSISTENT_THREADS
+    """Whether a row of ``tpr`` threads may hold up to 2 x MAX_VALUES_PER_THREAD values per thread (launch
+    bounds cap a 512-thread CTA at 128 registers/thread, enough for 64 float32 values plus addressing)."""
+    return tpr == INNER_WIDE_THREADS
 
 
 def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
@@ -432,10 +472,10 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
         why.append(f"short rows ({nc} vectors): {tpr} threads per row, {per} vectors each, rows share warps")
     else:
         schedule = None
-        for tpr in (32, 64, 128, 256, 512, 512):
+        for i, tpr in enumerate((32, 64, 128, 256, 512, INNER_WIDE_THREADS)):
             per = -(-nc // tpr)
-            # the second 512 pass admits twice the values: 512 threads x 128 registers still fit an SM
-            limit = MAX_VALUES_PER_THREAD * (2 if schedule_try_wide(tpr, per, vec) else 1)
+            # the last pass admits twice the values: 512 threads x 128 registers still fit an SM
+            limit = MAX_VALUES_PER_THREAD * (2 if i == 5 and schedule_try_wide(tpr, per, vec) else 1)
             if per * vec <= limit:
                 schedule = "persistent"
                 why.append(
@@ -444,7 +484,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
                 )
                 break
         if schedule is None and force not in ("looped", "split", "coop") and (_clusters_ok(common["arch"]) and bool(csizes)):
-            tpr = MAX_PERSISTENT_THREADS
+            tpr = INNER_WIDE_THREADS
             row_bytes = p.reduced * dbytes["x"]
             # The smallest cluster whose 512-thread CTAs hold the row (up to 2 x MAX_VALUES_PER_THREAD values
             # per thread): measured on the H200, fewer, fuller CTAs beat larger clusters (1000 x 100,000 float32:
@@ -454,7 +494,11 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
             if looped_in_l2:
                 why.append(f"a row's {row_bytes} B x {sms} SMs in flight fit in L2 (<= {LOOPED_L2_BYTES} B): "
                            "the looped schedule's re-read hits L2, no cluster needed")
-            for C in () if looped_in_l2 else csizes:
+            elif dbytes["x"] == 2 and K * LOOPED_16BIT_MIN_ROWS_PER_SM >= sms:
+                schedule = "looped"
+                why.append(f"16-bit x, {K} rows for {sms} SMs: one streaming CTA per row (looped) rather than a "
+                           "cluster holding the row as float32 registers")
+            for C in () if looped_in_l2 or schedule else csizes:
                 per = -(-nc // (C * tpr))
                 if per * vec <= 2 * MAX_VALUES_PER_THREAD:
                     schedule, cluster = "persistent", C
@@ -464,9 +508,10 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
                         f"memory: x read once"
                     )
                     break
-        if schedule is None:
+        if schedule in (None, "looped"):
             tpr = STREAM_THREADS
             per = LOOP_UNROLL
+        if schedule is None:
             if K >= INNER_LOOPED_MIN_ROWS_PER_SM * sms:
                 schedule = "looped"
                 why.append(
@@ -485,7 +530,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
                     f"only {K} rows (< {sms} SMs) of {p.reduced}: split each row over CTAs, "
                     f"partial Welford to a workspace, merge and normalize in a second kernel"
                 )
-    if (schedule == "persistent" and cluster == 1 and tpr == MAX_PERSISTENT_THREADS and K < sms
+    if (schedule == "persistent" and cluster == 1 and tpr >= INNER_WIDE_THREADS and K < sms
             and force is None and (_clusters_ok(common["arch"]) and bool(csizes))):
         # fewer rows than SMs: spread each row over a cluster so that every SM gets work
         for C in [c for c in csizes if c <= PORTABLE_CLUSTER] or csizes[:1]:
@@ -544,12 +589,13 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
             threads = CTA_THREADS
         grid = -(-K // rpc) * cluster
     blk = [axes[-1]]
+    hints = _hints("inner", schedule, why)
     return Plan(
         strategy="inner", schedule=schedule, vec=vec,
         scale_vec=_param_vec(p, axes, vec, dbytes, "scale", blk),
         shift_vec=_param_vec(p, axes, vec, dbytes, "shift", blk),
         threads=threads, tpr=tpr, rows_per_cta=rpc, nxc=0, ry=0, tile=0, group=1,
-        per_thread=per, splits=splits, grid=grid, cluster=cluster, why=tuple(why), **common,
+        per_thread=per, splits=splits, grid=grid, cluster=cluster, cache_hints=hints, why=tuple(why), **common,
     )
 
 
@@ -586,7 +632,7 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
     else:
         # One warp covers up to 32 vectors of a row (512 B at 16 B/vector); narrower blocks let lanes wrap
         # onto the next rows, which are contiguous when the block is the whole row.
-        tiles = [min(ncv, 32) * vec]
+        tiles = [min(ncv, OUTER_TILE_VECTORS) * vec]
 
     def shape(tile_, threads_):
         nxc_ = tile_ // vec
@@ -638,7 +684,7 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
         tile, nxc, threads, ry, base, per_persist, cluster = choice
     else:
         tile = tiles[0]
-        nxc, threads, ry, base = shape(tile, CTA_THREADS)
+        nxc, threads, ry, base = shape(tile, OUTER_STREAM_THREADS)
         per_persist = -(-rows // ry)
     if force == "looped":
         schedule, splits, per, cluster = "looped", 1, LOOP_UNROLL, 1
@@ -674,12 +720,13 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
             f"to a workspace, merged once per column tile by a second kernel, normalized by a third"
             if splits > 1 else f"{base} column tiles, rows too few to split: Welford loop, re-read"
         )
+    hints = _hints(strategy, schedule, why)
     return Plan(
         strategy=strategy, schedule=schedule, vec=vec,
         scale_vec=_param_vec(p, axes, vec, dbytes, "scale", block),
         shift_vec=_param_vec(p, axes, vec, dbytes, "shift", block),
         threads=threads, tpr=0, rows_per_cta=0, nxc=nxc, ry=ry, tile=tile, group=group,
-        per_thread=per, splits=splits, grid=base * splits * cluster, cluster=cluster, why=tuple(why), **common,
+        per_thread=per, splits=splits, grid=base * splits * cluster, cluster=cluster, cache_hints=hints, why=tuple(why), **common,
     )
 
 
