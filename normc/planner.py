@@ -147,6 +147,11 @@ LOOPED_L2_BYTES = 30 * 2**20
 # replaces (torch.compile's two-loop reductions do the same through Triton's eviction_policy: 'evict_last'
 # on the first loop's loads, 'evict_first' on the last loop's); 2 also marks x's first read evict-last.
 CACHE_HINTS = 1
+# ... only where x is at most this large (4 x LOOPED_L2_BYTES, twice the H200's L2): above it most of the
+# second pass misses L2 whatever the hints, and the six NDHWC float32 instance-norm splits of 256-512 MB ran
+# 2-3% slower with them in the 2026-12-02 bench (e.g. (2, 64, 128^3) 813 -> 835 us) while the rows under it
+# gained or held.
+HINTS_MAX_X_BYTES = 4 * 30 * 2**20
 # Default multiprocessor count when planning without a GPU: H100/H200 SXM have 132 SMs.
 DEFAULT_SMS = 132
 
@@ -337,14 +342,17 @@ def pick_vec(axes, run_size, dtype_bytes, aligns, tensors=("x", "out"), inner_in
         v *= 2
 
 
-def _hints(strategy, schedule, why) -> int:
+def _hints(strategy, schedule, x_bytes, why) -> int:
     """Plan.cache_hints (CACHE_HINTS where x is read twice, else 0); explained in ``why``. The inner split
     gets none: on the H200 its rows ran 1-5% slower with them (4 x 10,000,001: 271 -> 285 us), while the
     outer/mixed schedules gained up to 11% (NHWC instance norm (256, 128, 28, 28) float16, looped: 50.9 ->
-    45.3 us; (2, 64, 64, 64, 64) float16, split: 77.0 -> 70.8 us; tests/gpu_sweep.py, 2026-12-02)."""
+    45.3 us; (2, 64, 64, 64, 64) float16, split: 77.0 -> 70.8 us; tests/gpu_sweep.py, 2026-12-02). Neither
+    does an x over HINTS_MAX_X_BYTES."""
     if schedule not in ("looped", "split", "coop") or not CACHE_HINTS:
         return 0
     if strategy == "inner" and schedule != "looped":
+        return 0
+    if x_bytes > HINTS_MAX_X_BYTES:
         return 0
     why.append("x read twice: its last read and y's stores evict-first in L2"
                + (", its first read evict-last" if CACHE_HINTS >= 2 else "")
@@ -589,7 +597,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
             threads = CTA_THREADS
         grid = -(-K // rpc) * cluster
     blk = [axes[-1]]
-    hints = _hints("inner", schedule, why)
+    hints = _hints("inner", schedule, p.kept * p.reduced * dbytes["x"], why)
     return Plan(
         strategy="inner", schedule=schedule, vec=vec,
         scale_vec=_param_vec(p, axes, vec, dbytes, "scale", blk),
@@ -720,7 +728,7 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
             f"to a workspace, merged once per column tile by a second kernel, normalized by a third"
             if splits > 1 else f"{base} column tiles, rows too few to split: Welford loop, re-read"
         )
-    hints = _hints(strategy, schedule, why)
+    hints = _hints(strategy, schedule, p.kept * p.reduced * dbytes["x"], why)
     return Plan(
         strategy=strategy, schedule=schedule, vec=vec,
         scale_vec=_param_vec(p, axes, vec, dbytes, "scale", block),
