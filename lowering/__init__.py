@@ -87,10 +87,11 @@ def _signature(ptypes):
 
 def _bound_occupancy(ptx, min_ctas, cc, max_spill=0):
     """``ptx`` with the launch bound ``.minnctapersm min_ctas`` (ptxas then keeps registers at or under
-    64K / (min_ctas x block)) when that assembles without spilling; else ``ptx`` unchanged, its occupancy
-    whatever its registers give (``max_spill``: bytes of spills, stack included, that still keep the bound). The directive is added to the text rather than asked of Numba, so trying
-    the bound costs one ptxas run (tens of ms), not a second Numba compile (seconds). Spills were seen at the
-    64-register bound: 8 bytes in a float32 outer partial kernel that used 64 registers unbounded."""
+    64K / (min_ctas x block)) when that assembles spilling at most ``max_spill`` bytes (stores, loads and
+    stack each); else ``ptx`` unchanged, its occupancy whatever its registers give. The directive is added
+    to the text rather than asked of Numba, so trying the bound costs one ptxas run (tens of ms), not a
+    second Numba compile (seconds). Spills were seen at the 64-register bound: 8 bytes in a float32 outer
+    partial kernel that used 64 registers unbounded."""
     bounded, n = re.subn(r"(\.maxntid[^\n]*\n)", rf"\1.minnctapersm {min_ctas}\n", ptx, count=1)
     if n != 1:
         return ptx

@@ -258,7 +258,7 @@ def stream_loop(g, start, stop, step, backwards=False):
         g.ind += 1
         return
     g(f"ntrip = ({stop} - ({start}) + {step - 1}) // {step}")
-    g(f"for trip in range(ntrip - 1, -1, -1):")
+    g("for trip in range(ntrip - 1, -1, -1):")
     g.ind += 1
     g(f"base = {start} + trip * {step}")
 
@@ -274,13 +274,11 @@ class _Kernel(_Emitter):
         self.shared = 0
         # statistics over power-of-two scaled values (SCALED_DTYPES); other dtypes' sources are unchanged
         self.scaled = plan.x_dtype in SCALED_DTYPES
-        # Cache hints of the schedules that read x twice (plan.cache_hints; see the planner's CACHE_HINTS):
-        # suffixes of the load/store names (normc.lowering.device) for x's first read (which a second pass
-        # reads again), x's last read, and y.
-        hints = plan.cache_hints if plan.schedule in ("looped", "split", "coop") else 0
-        self.h_first = "_el" if hints >= 2 else ""
-        self.h_last = "_ef" if hints >= 1 else ""
-        self.h_y = "_ef" if hints >= 1 else ""
+        # Cache hints of the schedules that read x twice (plan.cache_hints, 0 for the others; see the planner's
+        # CACHE_HINTS): suffixes of the load/store names (normc.lowering.device) for x's first read (which a
+        # second pass reads again), x's last read, and y.
+        self.h_first = "_el" if plan.cache_hints >= 2 else ""
+        self.h_last = self.h_y = "_ef" if plan.cache_hints >= 1 else ""
 
     def ptypes(self):
         p = self.p

@@ -17,7 +17,9 @@ the streaming schedules that read x twice, so that L2 keeps the lines they will 
   policy (the first pass over x, which the second pass re-reads).
 
 float16 uses LLVM's ``half`` (``cvt.f32.f16`` / ``cvt.rn.f16.f32``). bfloat16 widens by a 16-bit shift and
-narrows with integer round-to-nearest-even, NaN kept quiet (0x7fc0), as PyTorch's ``c10::BFloat16`` does.
+narrows with round-to-nearest-even, NaN kept quiet, as PyTorch's ``c10::BFloat16`` does: a scalar store rounds
+with integer operations (NaN 0x7fc0), a vector store rounds pairs with one ``cvt.rn.bf16x2.f32`` (NaN 0x7fff;
+float16 pairs likewise with ``cvt.rn.f16x2.f32``).
 Thread-block clusters (sm_90+) for reductions spread over several CTAs:
 
 * ``cluster_arrive()`` / ``cluster_wait()``: ``barrier.cluster.arrive.release`` / ``barrier.cluster.wait.acquire``
@@ -82,38 +84,56 @@ def _from_f32(builder, tag, v):
     return builder.trunc(res, _i16)
 
 
-def _load_vec(builder, p, idx, tag, width):
-    """One ``width``-element load at element ``idx`` of ``p`` (global space), as a vector of the element type.
-
-    16-bit elements are moved as 32-bit words (``ld.global.v4.u32`` for 8 halves): PTX has no ``.v8.u16``, and
-    an ``<8 x i16>`` load is emitted as two 8-byte ``ld.global.v4.u16``, halving the access width."""
-    align = width * _ITEM[tag]
-    if tag == "f32" or width == 1:
-        return builder.load(_global_ptr(builder, p, idx, tag, width), align=align)
-    words = ir.VectorType(_i32, width // 2)
-    g = builder.bitcast(_global_ptr(builder, p, idx, tag, 1), ir.PointerType(words, 1))
-    return builder.bitcast(builder.load(g, align=align), ir.VectorType(_i16, width))
+def _raw_type(tag, width):
+    """LLVM type of a ``width``-element access of ``tag`` as it is moved: float32 (vectors), one 16-bit word,
+    or 16-bit elements in 32-bit words when ``width`` > 1 (PTX has no ``.v8.u16``, and an ``<8 x i16>`` load
+    is emitted as two 8-byte ``ld.global.v4.u16``, halving the access width)."""
+    if tag == "f32":
+        return _f32 if width == 1 else ir.VectorType(_f32, width)
+    return _i16 if width == 1 else ir.VectorType(_i32, width // 2)
 
 
-def _store_vec(builder, vec, p, idx, tag, width):
-    """Store a ``width``-element vector at element ``idx`` of ``p`` in one access (16-bit elements as words)."""
-    align = width * _ITEM[tag]
-    if tag == "f32" or width == 1:
-        builder.store(vec, _global_ptr(builder, p, idx, tag, width), align=align)
-        return
-    words = ir.VectorType(_i32, width // 2)
-    g = builder.bitcast(_global_ptr(builder, p, idx, tag, 1), ir.PointerType(words, 1))
-    builder.store(builder.bitcast(vec, words), g, align=align)
+def _load_raw(builder, p, idx, tag, width, hint=""):
+    """One ``width``-element load at element ``idx`` of ``p`` (global space), as moved (:func:`_raw_type`),
+    with the cache hint ``hint`` (``HINTS``, through inline PTX) or none."""
+    if hint:
+        return _load_hinted(builder, p, idx, tag, width, hint)
+    ptr = _global_ptr(builder, p, idx, tag, _raw_type(tag, width))
+    return builder.load(ptr, align=width * _ITEM[tag])
 
 
-def _global_ptr(builder, p, idx, tag, width):
-    """Address of element ``idx`` of ``p`` in the global address space, typed as a ``width``-vector."""
-    elem = _elem_ir(tag)
-    addr = builder.gep(p, [idx])
-    g = builder.addrspacecast(addr, ir.PointerType(elem, 1))
+def _as_floats(context, builder, signature, tag, width, raw):
+    """The float32 value (``width`` 1) or UniTuple of ``width`` float32 of a raw access (:func:`_load_raw`)."""
     if width == 1:
-        return g
-    return builder.bitcast(g, ir.PointerType(ir.VectorType(elem, width), 1))
+        return _to_f32(builder, tag, raw)
+    if tag != "f32":
+        raw = builder.bitcast(raw, ir.VectorType(_i16, width))  # from words (or from itself: no-op)
+    elems = [_to_f32(builder, tag, builder.extract_element(raw, ir.Constant(_i32, k))) for k in range(width)]
+    return context.make_tuple(builder, signature.return_type, elems)
+
+
+def _store_raw(builder, raw, p, idx, tag, width, hint=""):
+    """Store ``raw`` (a ``width``-element access as moved, :func:`_raw_type`) at element ``idx`` of ``p`` in one
+    access, plain or with the cache hint ``hint`` (only ``ef``: ``st.global.cs``, through inline PTX)."""
+    if not hint:
+        ptr = _global_ptr(builder, p, idx, tag, _raw_type(tag, width))
+        builder.store(raw, ptr, align=width * _ITEM[tag])
+        return
+    assert hint == "ef", hint
+    ty, con, n, _ = _hint_regs(tag, width)
+    addr = builder.ptrtoint(_global_ptr(builder, p, idx, tag), ir.IntType(64))
+    vals = [raw] if n == 1 else [builder.extract_element(raw, ir.Constant(_i32, k)) for k in range(n)]
+    src = "$1" if n == 1 else "{" + ", ".join(f"${k + 1}" for k in range(n)) + "}"
+    vec = "" if n == 1 else f".v{n}"
+    _asm(builder, f"st.global.cs{vec}.{ty} [$0], {src};", ",".join(["l"] + [con] * n + ["~{memory}"]),
+         ir.VoidType(), [addr] + vals)
+
+
+def _global_ptr(builder, p, idx, tag, rawtype=None):
+    """Address of element ``idx`` of ``p`` in the global address space, typed as a pointer to ``rawtype``
+    (default: the element type)."""
+    g = builder.addrspacecast(builder.gep(p, [idx]), ir.PointerType(_elem_ir(tag), 1))
+    return g if rawtype is None else builder.bitcast(g, ir.PointerType(rawtype, 1))
 
 
 HINTS = ("ef", "el")
@@ -121,7 +141,7 @@ HINTS = ("ef", "el")
 
 def _hint_regs(tag, width):
     """PTX type, inline-asm constraint, register count and LLVM type of a ``width``-element access as it is
-    moved (16-bit elements in 32-bit words when ``width`` > 1, as :func:`_load_vec` does)."""
+    moved (:func:`_raw_type`)."""
     if tag == "f32":
         return "f32", "f", width, _f32
     if width == 1:
@@ -129,10 +149,10 @@ def _hint_regs(tag, width):
     return "u32", "r", width // 2, _i32
 
 
-def _load_vec_hint(builder, p, idx, tag, width, hint):
-    """:func:`_load_vec` with the cache hint ``hint`` (``HINTS``), through inline PTX."""
+def _load_hinted(builder, p, idx, tag, width, hint):
+    """:func:`_load_raw` with the cache hint ``hint`` (``HINTS``), through inline PTX."""
     ty, con, n, lty = _hint_regs(tag, width)
-    addr = builder.ptrtoint(_global_ptr(builder, p, idx, tag, 1), ir.IntType(64))
+    addr = builder.ptrtoint(_global_ptr(builder, p, idx, tag), ir.IntType(64))
     dst = "$0" if n == 1 else "{" + ", ".join(f"${k}" for k in range(n)) + "}"
     vec = "" if n == 1 else f".v{n}"
     if hint == "ef":
@@ -150,40 +170,7 @@ def _load_vec_hint(builder, p, idx, tag, width, hint):
     words = ir.Constant(ir.VectorType(lty, n), ir.Undefined)
     for k in range(n):
         words = builder.insert_element(words, builder.extract_value(out, k), ir.Constant(_i32, k))
-    return words  # 16-bit elements: still 32-bit words (see _load_any)
-
-
-def _store_vec_hint(builder, vec, p, idx, tag, width, hint):
-    """:func:`_store_vec` with the cache hint ``hint`` (only ``ef``: ``st.global.cs``), through inline PTX."""
-    assert hint == "ef", hint
-    ty, con, n, lty = _hint_regs(tag, width)
-    addr = builder.ptrtoint(_global_ptr(builder, p, idx, tag, 1), ir.IntType(64))
-    if n == 1:
-        vals = [vec]
-    else:
-        words = vec if tag == "f32" else builder.bitcast(vec, ir.VectorType(lty, n))
-        vals = [builder.extract_element(words, ir.Constant(_i32, k)) for k in range(n)]
-    src = "$1" if n == 1 else "{" + ", ".join(f"${k + 1}" for k in range(n)) + "}"
-    vec_ = "" if n == 1 else f".v{n}"
-    _asm(builder, f"st.global.cs{vec_}.{ty} [$0], {src};", ",".join(["l"] + [con] * n + ["~{memory}"]),
-         ir.VoidType(), [addr] + vals)
-
-
-def _load_any(builder, p, idx, tag, width, hint, words=False):
-    """The load of ``_load_vec`` (``hint`` "") or ``_load_vec_hint``. ``words``: 16-bit elements of a vector
-    load are returned as the 32-bit words they were moved in (:func:`_as_elems` converts them), so that a
-    masked load's merge with zeros happens on words: on 16-bit lanes it took 2 registers per word."""
-    if not hint:
-        return _load_vec(builder, p, idx, tag, width)
-    v = _load_vec_hint(builder, p, idx, tag, width, hint)
-    return v if words else _as_elems(builder, v, tag, width)
-
-
-def _as_elems(builder, v, tag, width):
-    """The ``width``-element vector of a load that ``_load_any(..., words=True)`` returned."""
-    if tag == "f32" or width == 1 or v.type == ir.VectorType(_i16, width):
-        return v
-    return builder.bitcast(v, ir.VectorType(_i16, width))
+    return words
 
 
 def _make_load(tag, width, hint=""):
@@ -197,12 +184,7 @@ def _make_load(tag, width, hint=""):
         def codegen(context, builder, signature, args):
             p, i = args
             i = context.cast(builder, i, signature.args[1], int64)
-            val = _load_any(builder, p, i, tag, width, hint)
-            if width == 1:
-                return _to_f32(builder, tag, val)
-            elems = [_to_f32(builder, tag, builder.extract_element(val, ir.Constant(_i32, k)))
-                     for k in range(width)]
-            return context.make_tuple(builder, signature.return_type, elems)
+            return _as_floats(context, builder, signature, tag, width, _load_raw(builder, p, i, tag, width, hint))
 
         return sig, codegen
 
@@ -225,19 +207,13 @@ def _make_masked_load(tag, width, hint=""):
             p, i, c = args
             i = context.cast(builder, i, signature.args[1], int64)
             c = context.cast(builder, c, signature.args[2], types.boolean)
-            ety = _elem_ir(tag)
-            vty = ety if width == 1 else ir.VectorType(ety, width)
-            if hint and tag != "f32" and width > 1:
-                vty = ir.VectorType(_i32, width // 2)  # merged with zeros as words (see _load_any)
-            slot = cgutils.alloca_once_value(builder, ir.Constant(vty, None))
+            # The merge with zeros: hinted 16-bit loads merge as words (as 16-bit lanes their inline-asm results
+            # took 2 registers per word); plain ones as 16-bit lanes, which NVVM already keeps in words.
+            merge_t = _raw_type(tag, width) if hint or tag == "f32" or width == 1 else ir.VectorType(_i16, width)
+            slot = cgutils.alloca_once_value(builder, ir.Constant(merge_t, None))
             with builder.if_then(c, likely=True):
-                builder.store(_load_any(builder, p, i, tag, width, hint, words=True), slot)
-            val = _as_elems(builder, builder.load(slot), tag, width)
-            if width == 1:
-                return _to_f32(builder, tag, val)
-            elems = [_to_f32(builder, tag, builder.extract_element(val, ir.Constant(_i32, k)))
-                     for k in range(width)]
-            return context.make_tuple(builder, signature.return_type, elems)
+                builder.store(builder.bitcast(_load_raw(builder, p, i, tag, width, hint), merge_t), slot)
+            return _as_floats(context, builder, signature, tag, width, builder.load(slot))
 
         return sig, codegen
 
@@ -261,27 +237,17 @@ def _store_codegen(tag, width, hint=""):
         i = context.cast(builder, i, signature.args[1], int64)
         vt = signature.args[2]
         if width == 1:
-            f = context.cast(builder, v, vt, float32)
-            if hint:
-                _store_vec_hint(builder, _from_f32(builder, tag, f), p, i, tag, 1, hint)
-            else:
-                builder.store(_from_f32(builder, tag, f), _global_ptr(builder, p, i, tag, 1), align=_ITEM[tag])
+            _store_raw(builder, _from_f32(builder, tag, context.cast(builder, v, vt, float32)), p, i, tag, 1, hint)
             return context.get_dummy_value()
         fs = [context.cast(builder, builder.extract_value(v, k), vt[k], float32) for k in range(width)]
         if tag == "f32":
-            vec = ir.Constant(ir.VectorType(_f32, width), ir.Undefined)
-            for k in range(width):
-                vec = builder.insert_element(vec, fs[k], ir.Constant(_i32, k))
-        else:
-            words = ir.Constant(ir.VectorType(_i32, width // 2), ir.Undefined)
-            for k in range(0, width, 2):
-                words = builder.insert_element(words, _pack2(builder, tag, fs[k], fs[k + 1]),
-                                               ir.Constant(_i32, k // 2))
-            vec = builder.bitcast(words, ir.VectorType(_i16, width))
-        if hint:
-            _store_vec_hint(builder, vec, p, i, tag, width, hint)
-        else:
-            _store_vec(builder, vec, p, i, tag, width)
+            raw, parts = ir.Constant(ir.VectorType(_f32, width), ir.Undefined), fs
+        else:  # 16-bit values rounded in pairs into 32-bit words
+            raw = ir.Constant(ir.VectorType(_i32, width // 2), ir.Undefined)
+            parts = [_pack2(builder, tag, fs[k], fs[k + 1]) for k in range(0, width, 2)]
+        for k, part in enumerate(parts):
+            raw = builder.insert_element(raw, part, ir.Constant(_i32, k))
+        _store_raw(builder, raw, p, i, tag, width, hint)
         return context.get_dummy_value()
 
     return codegen
@@ -346,7 +312,7 @@ def _word_addr(context, builder, signature, args):
     """Global-space address (i64) of element ``args[1]`` of float32 pointer ``args[0]``."""
     p, i = args
     i = context.cast(builder, i, signature.args[1], int64)
-    return builder.ptrtoint(_global_ptr(builder, p, i, "f32", 1), ir.IntType(64))
+    return builder.ptrtoint(_global_ptr(builder, p, i, "f32"), ir.IntType(64))
 
 
 @intrinsic

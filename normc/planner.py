@@ -151,7 +151,7 @@ CACHE_HINTS = 1
 # second pass misses L2 whatever the hints, and the six NDHWC float32 instance-norm splits of 256-512 MB ran
 # 2-3% slower with them in the 2026-12-02 bench (e.g. (2, 64, 128^3) 813 -> 835 us) while the rows under it
 # gained or held.
-HINTS_MAX_X_BYTES = 4 * 30 * 2**20
+HINTS_MAX_X_BYTES = 4 * LOOPED_L2_BYTES
 # Default multiprocessor count when planning without a GPU: H100/H200 SXM have 132 SMs.
 DEFAULT_SMS = 132
 
@@ -455,12 +455,6 @@ def _param_vec(p, axes, vec, dbytes, which, block):
     )
 
 
-def schedule_try_wide(tpr, per, vec):
-    """Whether a row of ``tpr`` threads may hold up to 2 x MAX_VALUES_PER_THREAD values per thread (launch
-    bounds cap a 512-thread CTA at 128 registers/thread, enough for 64 float32 values plus addressing)."""
-    return tpr == INNER_WIDE_THREADS
-
-
 def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
     axes = p.axes
     inner = axes[-1]
@@ -482,8 +476,9 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
         schedule = None
         for i, tpr in enumerate((32, 64, 128, 256, 512, INNER_WIDE_THREADS)):
             per = -(-nc // tpr)
-            # the last pass admits twice the values: 512 threads x 128 registers still fit an SM
-            limit = MAX_VALUES_PER_THREAD * (2 if i == 5 and schedule_try_wide(tpr, per, vec) else 1)
+            # the last pass (INNER_WIDE_THREADS) admits twice the values: launch bounds cap a 512-thread CTA at
+            # 128 registers per thread, enough for 64 float32 values plus addressing
+            limit = MAX_VALUES_PER_THREAD * (2 if i == 5 else 1)
             if per * vec <= limit:
                 schedule = "persistent"
                 why.append(
@@ -603,7 +598,8 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
         scale_vec=_param_vec(p, axes, vec, dbytes, "scale", blk),
         shift_vec=_param_vec(p, axes, vec, dbytes, "shift", blk),
         threads=threads, tpr=tpr, rows_per_cta=rpc, nxc=0, ry=0, tile=0, group=1,
-        per_thread=per, splits=splits, grid=grid, cluster=cluster, cache_hints=hints, why=tuple(why), **common,
+        per_thread=per, splits=splits, grid=grid, cluster=cluster, cache_hints=hints, why=tuple(why),
+        **common,
     )
 
 
@@ -734,7 +730,8 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
         scale_vec=_param_vec(p, axes, vec, dbytes, "scale", block),
         shift_vec=_param_vec(p, axes, vec, dbytes, "shift", block),
         threads=threads, tpr=0, rows_per_cta=0, nxc=nxc, ry=ry, tile=tile, group=group,
-        per_thread=per, splits=splits, grid=base * splits * cluster, cluster=cluster, cache_hints=hints, why=tuple(why), **common,
+        per_thread=per, splits=splits, grid=base * splits * cluster, cluster=cluster, cache_hints=hints,
+        why=tuple(why), **common,
     )
 
 

@@ -64,10 +64,18 @@ def warm(task):
 
 
 def _value(v):
-    return int(v) if v.lstrip("-").isdigit() else (v if not v.replace(".", "", 1).isdigit() else float(v))
+    """A constant's value from the command line: an int, else a float, else the text (a schedule name)."""
+    for kind in (int, float):
+        try:
+            return kind(v)
+        except ValueError:
+            pass
+    return v
 
 
 def parse_variants(sets, cases):
+    """Variants (dicts of planner constants, ``schedule`` included) from ``--set NAME=v1,v2`` texts (every
+    combination of their values) and ``--case NAME=v,NAME=v`` texts (one variant each), in that order."""
     names, values = [], []
     for s in sets:
         k, vs = s.split("=")
@@ -160,7 +168,7 @@ def main(argv=None):
             except Exception as e:
                 print(f"  {str(v):44s} ERROR {type(e).__name__}: {e}"[:300], flush=True)
         apply({})
-        del xs
+        xs = sc = sh = ref = None  # free this row's inputs before the next row's
         torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as fh:
