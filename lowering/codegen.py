@@ -46,6 +46,12 @@ PERSISTENT_SM_THREADS = 512
 # Spill stores (bytes) such a bound may cost and still be kept: a few words through L1 cost less than half the
 # SM's CTAs (a 256-thread cluster CTA of 52 float32 values spilled 24 bytes at 128 registers).
 PERSISTENT_MAX_SPILL = 64
+# Threads per SM the outer/mixed persistent kernels are compiled to keep resident (launch bounds, kept when
+# ptxas spills at most PERSISTENT_MAX_SPILL bytes); 0: registers uncapped.
+OUTER_PERSISTENT_SM_THREADS = 0
+# Outer persistent kernels: add the rows a warp holds of the same columns with warp shuffles before the y-threads'
+# sums go through shared memory (1), or write every y-thread's sum to shared memory (0).
+COLUMN_SHUFFLE = 0
 # Split, column-major second kernel (layer/RMS norm): at most this many rows, whose means and factors it
 # keeps in shared memory (3 floats each); split plans have fewer rows than SMs unless forced.
 FINISH_COLUMNS_MAX_ROWS = 1024
@@ -1325,10 +1331,25 @@ class _Outer(_Kernel):
         ``rnd`` names this round's shared arrays (a peer may still read the previous round's)."""
         p, V, T, C = self.p, self.V, self.p.tile, self.p.cluster
         RY = p.ry
-        self.smem(g, f"sR{rnd}", RY * T)
-        with g.block("if act:"):
-            for j in range(V):
-                g(f"sR{rnd}[ry * {T} + cx * {V} + {j}] = {vals[j]}")
+        nxc = T // V
+        if COLUMN_SHUFFLE and nxc < 32 and 32 % nxc == 0 and p.threads % 32 == 0 and nxc * RY == p.threads:
+            # a warp holds 32 / nxc rows of the same columns: add them with shuffles (lanes nxc, 2 nxc, ... apart),
+            # so only one partial row per warp goes through shared memory
+            off = nxc
+            while off < 32:
+                for j in range(V):
+                    g(f"{vals[j]} = {vals[j]} + shfl_xor({vals[j]}, {off})")
+                off *= 2
+            RY = p.threads // 32
+            self.smem(g, f"sR{rnd}", RY * T)
+            with g.block(f"if tid % 32 < {nxc}:"):
+                for j in range(V):
+                    g(f"sR{rnd}[(tid // 32) * {T} + cx * {V} + {j}] = {vals[j]}")
+        else:
+            self.smem(g, f"sR{rnd}", RY * T)
+            with g.block("if act:"):
+                for j in range(V):
+                    g(f"sR{rnd}[ry * {T} + cx * {V} + {j}] = {vals[j]}")
         g("cuda.syncthreads()")
         tgt = f"sP{rnd}" if C > 1 else dst
         if C > 1:
@@ -1462,7 +1483,9 @@ class _Outer(_Kernel):
         self.emit_normalize(g)
         if C > 1:
             g("cluster_wait()")
-        return KernelSource("normc_outer", g.text(), p.grid, p.threads, self.shared, self.ptypes(), C)
+        bound = OUTER_PERSISTENT_SM_THREADS // p.threads
+        return KernelSource("normc_outer", g.text(), p.grid, p.threads, self.shared, self.ptypes(), C,
+                            min_ctas=bound if bound > 1 else 0, max_spill=PERSISTENT_MAX_SPILL if bound > 1 else 0)
 
     def stats_sliced(self, P, ab):
         """Split schedule, kernel 2 for the outer strategy: merge the splits' partial (n, mean, M2) of each

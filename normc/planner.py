@@ -75,6 +75,9 @@ STREAM_THREADS = 512
 # Vectors loaded before any is used in looped schedules (memory-level parallelism: several independent
 # loads in flight per thread, PyTorch's channels-last batch norm uses 4).
 LOOP_UNROLL = 4
+# Outer/mixed clusters: the most values a thread of a cluster CTA may hold (float32 registers); the smallest
+# cluster whose CTAs fit is taken.
+OUTER_CLUSTER_MAX_VALUES = 2 * MAX_VALUES_PER_THREAD
 # Outer strategy: vectors of the contiguous kept block one column tile spans (32 x 16 B = 512 B: one warp
 # covers a tile row); narrower tiles mean more, smaller CTAs (or clusters) per reduction's rows.
 OUTER_TILE_VECTORS = 32
@@ -670,7 +673,7 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
                 for C, t in cands:
                     nxc_, thr, ry_, base_ = shape(tile_, t)
                     per_ = -(-(-(-rows // C)) // ry_)
-                    if per_ * vec <= 2 * MAX_VALUES_PER_THREAD:
+                    if per_ * vec <= OUTER_CLUSTER_MAX_VALUES:
                         choice = (tile_, nxc_, thr, ry_, base_, per_, C)
                         break
             if choice is not None:

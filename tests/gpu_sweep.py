@@ -25,14 +25,24 @@ _ORIGINAL = None  # the planner's constants as imported (pool workers are reused
 
 
 def apply(variant):
-    """Set the planner constants of ``variant`` (its ``schedule`` key aside) on top of the original values."""
+    """Set the constants of ``variant`` (its ``schedule`` key aside) on top of the original values: ``NAME`` is a
+    ``normc.planner`` constant, ``codegen.NAME`` one of ``normc.lowering.codegen``. Codegen constants change
+    the kernels of an unchanged plan, so they also go into the kernel cache's key (``runtime.versions``):
+    each variant compiles and caches its own kernels."""
     global _ORIGINAL
-    from normc import planner
+    from normc import planner, runtime
+    from normc.lowering import codegen
 
     if _ORIGINAL is None:
         _ORIGINAL = {k: getattr(planner, k) for k in dir(planner) if k.isupper()}
+        _ORIGINAL.update({"codegen." + k: getattr(codegen, k) for k in dir(codegen) if k.isupper()})
+        versions = runtime.versions
+        runtime.versions = lambda: {**versions(), "sweep": runtime._sweep_codegen}
+    runtime._sweep_codegen = sorted((k, v) for k, v in variant.items() if k.startswith("codegen."))
     for k, v in {**_ORIGINAL, **variant}.items():
-        if k != "schedule":
+        if k.startswith("codegen."):
+            setattr(codegen, k[len("codegen."):], v)
+        elif k != "schedule":
             setattr(planner, k, v)
 
 
