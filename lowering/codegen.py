@@ -641,7 +641,7 @@ class _Inner(_Kernel):
                 cc = c
             o = self.chunk_offsets(g, cc)
             names = [g.new("x") for _ in range(V)]
-            self.load_x(g, names, f"xb + {o['x']}", ok)
+            self.load_x(g, names, f"xb + {o['x']}", ok, self.h_last)
             xs.append(names)
             oks.append(ok)
             offs.append(o)
@@ -690,7 +690,7 @@ class _Inner(_Kernel):
         self.finish_stats(g, "lane == 0 and rv and crank == 0", shifted=True)
         var = self.emit_row_affine(g)
         for names, ok, o in zip(xs, oks, offs):
-            self.emit_normalize_vec(g, names, o, var, ok)
+            self.emit_normalize_vec(g, names, o, var, ok, hint=self.h_y)
         if C > 1:
             g("cluster_wait()  # peers may still read this CTA's shared memory until they arrive")
         # CTAs under 512 threads holding more than 32 values per thread: keep two of them per SM (at most 128
@@ -1062,7 +1062,7 @@ class _Outer(_Kernel):
                     g(f"{rc} = min({r}, {self.RR - 1})")
                 ro = self.row_offsets(g, rc)
                 names = [g.new("x") for _ in range(V)]
-                self.load_x(g, names, f"xb + {self.co['x']} + {ro['x']}", ok)
+                self.load_x(g, names, f"xb + {self.co['x']} + {ro['x']}", ok, self.h_last)
                 self.px.append((ok, names, ro))
             return  # persistent(): the statistics are taken from the registers in self.px
         U = p.per_thread
@@ -1315,7 +1315,7 @@ class _Outer(_Kernel):
 
         if p.schedule == "persistent":
             for ok, names, ro in self.px:
-                body(names, ro, ok)
+                body(names, ro, ok, self.h_y)
         else:
             U = LOOP_UNROLL  # rows loaded before any is stored: independent loads in flight
             stream_loop(g, "r0 + ry", "r1", p.ry * U, backwards=reverse)

@@ -155,6 +155,8 @@ CACHE_HINTS = 1
 # 2-3% slower with them in the 2026-12-02 bench (e.g. (2, 64, 128^3) 813 -> 835 us) while the rows under it
 # gained or held.
 HINTS_MAX_X_BYTES = 4 * LOOPED_L2_BYTES
+# L2 cache hints of the persistent schedules (x read once): 1 marks x's read and y's stores evict-first.
+PERSISTENT_CACHE_HINTS = 0
 # Default multiprocessor count when planning without a GPU: H100/H200 SXM have 132 SMs.
 DEFAULT_SMS = 132
 
@@ -351,6 +353,10 @@ def _hints(strategy, schedule, x_bytes, why) -> int:
     outer/mixed schedules gained up to 11% (NHWC instance norm (256, 128, 28, 28) float16, looped: 50.9 ->
     45.3 us; (2, 64, 64, 64, 64) float16, split: 77.0 -> 70.8 us; tests/gpu_sweep.py, 2026-12-02). Neither
     does an x over HINTS_MAX_X_BYTES."""
+    if schedule == "persistent":
+        if PERSISTENT_CACHE_HINTS:
+            why.append("x read once: its read and y's stores evict-first in L2")
+        return PERSISTENT_CACHE_HINTS
     if schedule not in ("looped", "split", "coop") or not CACHE_HINTS:
         return 0
     if strategy == "inner" and schedule != "looped":

@@ -6,7 +6,8 @@ Compiles each row's kernels (the default plan, or under the planner constants of
 ``ncu --clock-control none`` over one launch of each (the row's input is already in memory; the kernels of
 one call are profiled in order) and prints, per kernel: time (µs), DRAM MB read and written (the row's x
 size is printed after), DRAM throughput and L2 hit rate (% of peak), achieved occupancy (% of the SM's
-warps), registers per thread and millions of warp instructions issued; the raw CSV goes to ``--out``. These
+warps), registers per thread, millions of warp instructions issued and the
+schedulers' issue-slot use (% of cycles an instruction issued: near 100 means instruction-bound); the raw CSV goes to ``--out``. These
 say why a row misses its floor: more bytes than counted, too few warps, or too many instructions per byte.
 ncu flushes the caches before each kernel (its default cache control), so L2 reuse *between* a split's
 kernels does not show in the DRAM bytes.
@@ -31,6 +32,7 @@ METRICS = [
     "sm__warps_active.avg.pct_of_peak_sustained_active",
     "launch__registers_per_thread",
     "smsp__inst_executed.sum",
+    "smsp__issue_active.avg.pct_of_peak_sustained_active",
 ]
 
 
@@ -91,13 +93,13 @@ def main(argv=None):
         except ValueError:
             pass
     print(f"{'kernel':24s} {'us':>7s} {'read MB':>8s} {'write MB':>8s} {'dram%':>6s} {'L2hit%':>6s} {'occ%':>5s} "
-          f"{'regs':>4s} {'Minst':>7s}")
+          f"{'regs':>4s} {'Minst':>7s} {'issue%':>6s}")
     for k in order:
         m = kern[k]
         name = k[1].split("normc_")[-1][:24] if "normc_" in k[1] else k[1][:24]
         v = [m.get(n, float("nan")) for n in METRICS]
         print(f"{name:24s} {v[0] / 1e3:7.1f} {v[1] / 1e6:8.1f} {v[2] / 1e6:8.1f} {v[3]:6.1f} {v[4]:6.1f} {v[5]:5.1f} "
-              f"{v[6]:4.0f} {v[7] / 1e6:7.2f}")
+              f"{v[6]:4.0f} {v[7] / 1e6:7.2f} {v[8]:6.1f}")
     for i in rows:
         row = load_table()[i]
         print(f"row {i}: x {math.prod(row['shape']) * ITEMSIZE[row['dtype']] / 1e6:.1f} MB")
