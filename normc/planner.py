@@ -104,6 +104,10 @@ MIXED_MAX_SPLIT_PARTIALS = 32768
 # Outer/mixed split: 512-thread-equivalents of CTAs per SM its grid aims for (4 x 512 threads: with
 # STREAM_THREADS_PER_SM resident, two waves); measured with the 3-kernel split on NHWC instance norm.
 SPLIT_CTAS_PER_SM = 4
+# ... and for the mixed strategy (NHWC group norm), whose second kernel merges splits x tile partials per tile:
+# fewer splits. Measured on the H200 (tests/gpu_sweep.py, 2026-12-02), 8 x 320 x 64 x 64 float16 NHWC:
+# 2 -> 17 splits 40.8 us, 4 -> 33 splits 48.6 us, 8 -> 40 splits 55.5 us (4 splits, forced: 42.4 us).
+MIXED_SPLIT_CTAS_PER_SM = 2
 # Inner split: the grid (rows x splits) is sized in waves of resident CTAs (STREAM_THREADS_PER_SM / 512 per
 # SM): the fewest waves, at least SPLIT_MIN_WAVES, in which rows x splits fills at least SPLIT_MIN_FILL of
 # the slots. Before, splits = ceil(4 x SMs / rows) gave 2.2-4.4 waves (64 rows: 576 CTAs for 264 slots, the
@@ -722,7 +726,8 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
         schedule, splits, per = "looped", 1, LOOP_UNROLL
         why.append(f"{base} column tiles >= {sms} SMs: one CTA per column tile, Welford loop, re-read (from L2)")
     else:
-        want = -(-SPLIT_CTAS_PER_SM * sms * STREAM_THREADS // (threads * base))
+        per_sm = MIXED_SPLIT_CTAS_PER_SM if strategy == "mixed" else SPLIT_CTAS_PER_SM
+        want = -(-per_sm * sms * STREAM_THREADS // (threads * base))
         max_splits = max(1, rows // (ry * LOOP_UNROLL))
         if strategy == "mixed":
             max_splits = min(max_splits, max(4, MIXED_MAX_SPLIT_PARTIALS // tile))
