@@ -104,10 +104,14 @@ MIXED_MAX_SPLIT_PARTIALS = 32768
 # Outer/mixed split: 512-thread-equivalents of CTAs per SM its grid aims for (4 x 512 threads: with
 # STREAM_THREADS_PER_SM resident, two waves); measured with the 3-kernel split on NHWC instance norm.
 SPLIT_CTAS_PER_SM = 4
-# ... and for the mixed strategy (NHWC group norm), whose second kernel merges splits x tile partials per tile:
-# fewer splits. Measured on the H200 (tests/gpu_sweep.py, 2026-12-02), 8 x 320 x 64 x 64 float16 NHWC:
-# 2 -> 17 splits 40.8 us, 4 -> 33 splits 48.6 us, 8 -> 40 splits 55.5 us (4 splits, forced: 42.4 us).
-MIXED_SPLIT_CTAS_PER_SM = 2
+# ... where x fits in the L2 (2 x LOOPED_L2_BYTES, the H200's 60 MB): half as many, so each CTA streams more
+# rows and the merge has fewer partials. Measured on the H200 (tests/gpu_sweep.py, 2026-12-02), 4 -> 2:
+# NDHWC float16 (2, 128, 32^3) 28.9 -> 26.2 us; NHWC float32 (1, 32, 640, 640) 54.3 -> 50.4, (1, 64, 320,
+# 320) 31.0 -> 27.1, (1, 128, 160, 160) 20.1 -> 20.5; NDHWC float32 (2, 128, 32^3) 34.7 -> 34.4; NHWC group
+# norm (8, 320, 64, 64) float16 48.6 -> 40.8. Larger x mostly lost or held: NHWC batch statistics (256, 256,
+# 28, 28) float16 (103 MB) 103.9 -> 106.4, NDHWC (2, 32, 128^3) float16 234.5 -> 247.6, ten float32 rows of
+# 134-537 MB within 0.5%; (2, 64, 64^3) float16 (67 MB) 74.8 -> 72.6.
+SPLIT_CTAS_PER_SM_IN_L2 = 2
 # Inner split: the grid (rows x splits) is sized in waves of resident CTAs (STREAM_THREADS_PER_SM / 512 per
 # SM): the fewest waves, at least SPLIT_MIN_WAVES, in which rows x splits fills at least SPLIT_MIN_FILL of
 # the slots. Before, splits = ceil(4 x SMs / rows) gave 2.2-4.4 waves (64 rows: 576 CTAs for 264 slots, the
@@ -159,8 +163,13 @@ CACHE_HINTS = 1
 # 2-3% slower with them in the 2026-12-02 bench (e.g. (2, 64, 128^3) 813 -> 835 us) while the rows under it
 # gained or held.
 HINTS_MAX_X_BYTES = 4 * LOOPED_L2_BYTES
-# L2 cache hints of the persistent schedules (x read once): 1 marks x's read and y's stores evict-first.
-PERSISTENT_CACHE_HINTS = 0
+# L2 cache hints of inner persistent rows (x read once, no cluster) of 16-bit x with scale or shift along the
+# row (layer/RMS norm): 1 marks x's read and y's stores evict-first (0: none). Measured on the H200
+# (tests/gpu_sweep.py, 2026-12-02), without -> with: bfloat16 16384 x 1024 layer 19.9 -> 18.0 us, RMS
+# 19.4 -> 17.5; x 4096 69.2 -> 68.6 and 67.6 -> 69.5; x 8192 132.2 -> 130.6 and 132.3 -> 131.3; x 16384
+# 274.8 -> 270.2 and 255.5 -> 255.8. float32 rows lost 1-12% with them (1M x 100: 200.3 -> 224.1 us;
+# (256, 128, 28, 28) instance norm 51.6 -> 53.5), and so did float16 instance norm (27.2 -> 27.6): none there.
+PERSISTENT_CACHE_HINTS = 1
 # Default multiprocessor count when planning without a GPU: H100/H200 SXM have 132 SMs.
 DEFAULT_SMS = 132
 
@@ -357,10 +366,6 @@ def _hints(strategy, schedule, x_bytes, why) -> int:
     outer/mixed schedules gained up to 11% (NHWC instance norm (256, 128, 28, 28) float16, looped: 50.9 ->
     45.3 us; (2, 64, 64, 64, 64) float16, split: 77.0 -> 70.8 us; tests/gpu_sweep.py, 2026-12-02). Neither
     does an x over HINTS_MAX_X_BYTES."""
-    if schedule == "persistent":
-        if PERSISTENT_CACHE_HINTS:
-            why.append("x read once: its read and y's stores evict-first in L2")
-        return PERSISTENT_CACHE_HINTS
     if schedule not in ("looped", "split", "coop") or not CACHE_HINTS:
         return 0
     if strategy == "inner" and schedule != "looped":
@@ -606,6 +611,10 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
         grid = -(-K // rpc) * cluster
     blk = [axes[-1]]
     hints = _hints("inner", schedule, p.kept * p.reduced * dbytes["x"], why)
+    along_row = any(getattr(p, f"{w}_dtype") is not None and inner.stride(w) != 0 for w in ("scale", "shift"))
+    if schedule == "persistent" and cluster == 1 and dbytes["x"] == 2 and along_row and PERSISTENT_CACHE_HINTS:
+        hints = PERSISTENT_CACHE_HINTS
+        why.append("16-bit rows with scale/shift along them: x's read and y's stores evict-first in L2")
     return Plan(
         strategy="inner", schedule=schedule, vec=vec,
         scale_vec=_param_vec(p, axes, vec, dbytes, "scale", blk),
@@ -726,7 +735,8 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
         schedule, splits, per = "looped", 1, LOOP_UNROLL
         why.append(f"{base} column tiles >= {sms} SMs: one CTA per column tile, Welford loop, re-read (from L2)")
     else:
-        per_sm = MIXED_SPLIT_CTAS_PER_SM if strategy == "mixed" else SPLIT_CTAS_PER_SM
+        x_bytes = p.kept * p.reduced * dbytes["x"]
+        per_sm = SPLIT_CTAS_PER_SM_IN_L2 if x_bytes <= 2 * LOOPED_L2_BYTES else SPLIT_CTAS_PER_SM
         want = -(-per_sm * sms * STREAM_THREADS // (threads * base))
         max_splits = max(1, rows // (ry * LOOP_UNROLL))
         if strategy == "mixed":

@@ -4,7 +4,8 @@
 
 Prints the median wall time per call (no synchronization) of: a full normc call on torch tensors (the cached
 fast path: allocate y, launch), the same with return_stats and the backward (their own fast paths),
-torch.empty_strided alone, cuda.core's launch alone, the hot path's launcher alone (pointers prepared),
+torch.empty_strided alone, cuda.core's launch alone, the hot path's launcher alone (pointers prepared), the
+hot path's key and its parts,
 torch.nn.functional.layer_norm for comparison, and one forward+backward step of normc.torch.LayerNorm against
 torch.nn.LayerNorm (host time per training step of one layer).
 """
@@ -47,6 +48,10 @@ def main():
     f.backward(dy, x, mean, rstd, w)
 
     import normc.torch
+    from normc.runtime import _tkey, _torch_raw_stream, _torch_tensor_type
+
+    tt = _torch_tensor_type()
+    raw_stream = _torch_raw_stream()
 
     xg = x.clone().requires_grad_(True)
     mods = {"normc": normc.torch.LayerNorm(1024).cuda(), "torch": torch.nn.LayerNorm(1024).cuda()}
@@ -62,6 +67,11 @@ def main():
         "cuda.core launch only": lambda: gpu.launch(s, k.config, k.kernel, x.data_ptr(), y.data_ptr(), w.data_ptr(),
                                                     b.data_ptr(), 0, 0, 0),
         "launcher (raw stream int)": lambda: k.launcher(sh, xp, yp, wp, bp, 0, 0, 0),
+        "hot-path key (3 tensors)": lambda: (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15,
+                                             _tkey(w, tt), _tkey(b, tt), False),
+        "x.device": lambda: x.device,
+        "x.shape, x.stride()": lambda: (x.shape, x.stride()),
+        "torch current raw stream": lambda: raw_stream(0),
         "torch layer_norm": lambda: torch.nn.functional.layer_norm(x, (1024,), w, b),
         "normc.torch LayerNorm fwd+bwd": lambda: step(mods["normc"]),
         "torch.nn.LayerNorm fwd+bwd": lambda: step(mods["torch"]),
