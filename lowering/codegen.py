@@ -47,10 +47,15 @@ PERSISTENT_SM_THREADS = 512
 # SM's CTAs (a 256-thread cluster CTA of 52 float32 values spilled 24 bytes at 128 registers).
 PERSISTENT_MAX_SPILL = 64
 # Threads per SM the outer/mixed persistent kernels are compiled to keep resident (launch bounds, kept when
-# ptxas spills at most PERSISTENT_MAX_SPILL bytes); 0: registers uncapped.
+# ptxas spills at most PERSISTENT_MAX_SPILL bytes); 0: registers uncapped. Measured on the H200
+# (tests/gpu_sweep.py, 2026-12-02) with 768 and a 512-byte spill allowance: NHWC instance norm (256, 128, 28,
+# 28) float32 76.4 -> 73.0 us, but NHWC group norm (8, 640, 32, 32) float16 27.0 -> 29.1 and (8, 1280, 16,
+# 16) 10.2 -> 13.1 (their spills): left off.
 OUTER_PERSISTENT_SM_THREADS = 0
 # Outer persistent kernels: add the rows a warp holds of the same columns with warp shuffles before the y-threads'
-# sums go through shared memory (1), or write every y-thread's sum to shared memory (0).
+# sums go through shared memory (1), or write every y-thread's sum to shared memory (0). Only tiles narrower
+# than a warp have such rows; with 64-column tiles NHWC instance norm (256, 128, 28, 28) float32 ran 71.8 us
+# without and 72.2 with (tests/gpu_sweep.py, 2026-12-02): the smem sums are not what limits it. Left off.
 COLUMN_SHUFFLE = 0
 # Split, column-major second kernel (layer/RMS norm): at most this many rows, whose means and factors it
 # keeps in shared memory (3 floats each); split plans have fewer rows than SMs unless forced.

@@ -76,7 +76,10 @@ STREAM_THREADS = 512
 # loads in flight per thread, PyTorch's channels-last batch norm uses 4).
 LOOP_UNROLL = 4
 # Outer/mixed clusters: the most values a thread of a cluster CTA may hold (float32 registers); the smallest
-# cluster whose CTAs fit is taken.
+# cluster whose CTAs fit is taken. 32 was measured slower on the H200 (tests/gpu_sweep.py, 2026-12-02): the
+# outer kernels take 80-127 registers whatever they hold (addressing and per-column statistics), so fewer
+# values only add CTAs and cluster barriers: NHWC instance norm (256, 128, 28, 28) float32 76.4 -> 82.4 us
+# (64-column tiles) or 99.0 (32 columns); NHWC group norm (8, 640, 32, 32) float16 27.0 -> 50.2 us.
 OUTER_CLUSTER_MAX_VALUES = 2 * MAX_VALUES_PER_THREAD
 # Outer strategy: vectors of the contiguous kept block one column tile spans (32 x 16 B = 512 B: one warp
 # covers a tile row); narrower tiles mean more, smaller CTAs (or clusters) per reduction's rows.
@@ -167,7 +170,9 @@ HINTS_MAX_X_BYTES = 4 * LOOPED_L2_BYTES
 # row (layer/RMS norm): 1 marks x's read and y's stores evict-first (0: none). Measured on the H200
 # (tests/gpu_sweep.py, 2026-12-02), without -> with: bfloat16 16384 x 1024 layer 19.9 -> 18.0 us, RMS
 # 19.4 -> 17.5; x 4096 69.2 -> 68.6 and 67.6 -> 69.5; x 8192 132.2 -> 130.6 and 132.3 -> 131.3; x 16384
-# 274.8 -> 270.2 and 255.5 -> 255.8. float32 rows lost 1-12% with them (1M x 100: 200.3 -> 224.1 us;
+# 274.8 -> 270.2 and 255.5 -> 255.8; a second sweep: 20.2 -> 18.6, 19.6 -> 18.1, 69.9 -> 67.8, 67.9 -> 66.9,
+# 275.8 -> 270.2. RMS x 4096 is the exception: slower with them in two of three runs (the full bench after:
+# 67.4 -> 70.8 us). float32 rows lost 1-12% with them (1M x 100: 200.3 -> 224.1 us;
 # (256, 128, 28, 28) instance norm 51.6 -> 53.5), and so did float16 instance norm (27.2 -> 27.6): none there.
 PERSISTENT_CACHE_HINTS = 1
 # Default multiprocessor count when planning without a GPU: H100/H200 SXM have 132 SMs.
