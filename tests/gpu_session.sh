@@ -2,7 +2,7 @@
 # One device call's worth of GPU work, in order of importance; each step's log goes to $OUT (or ./gpu-out).
 # Start it after the install line of ../shared/gpu/README.md, e.g. through the device tool:
 #   <install line> bash tests/gpu_session.sh [bench|tests|examples|all]
-# Steps (tests+sanitize runs the first and third at once): tests = pytest -m gpu (every anchor row, interchange, streams, graphs, reliability, torch modules);
+# Steps (tests+sanitize runs the first and third at once): tests = pytest -m gpu (every anchor row, interchange, streams, graphs, reliability, torch modules, the real-model examples at reduced sizes);
 # bench = normc bench over the anchor table into docs/perf-style reports (resumable: copy docs/perf/bench.json
 # into $out/perf first to continue a run); sanitize = compute-sanitizer over every strategy x schedule;
 # examples = every example that needs a GPU (carry the platformdirs wheel in .whl: the image lacks it). T_TESTS and T_SAN (seconds) bound the tests and the sanitizer.
