@@ -6,9 +6,9 @@ Compiles each row's kernels (the default plan, or under the planner constants of
 ``ncu --clock-control none`` over one launch of each (the row's input is already in memory; the kernels of
 one call are profiled in order) and prints, per kernel: time (µs), DRAM MB read and written (the row's x
 size is printed after), DRAM throughput and L2 hit rate (% of peak), achieved occupancy (% of the SM's
-warps), registers per thread, millions of warp instructions issued and the
-schedulers' issue-slot use (% of cycles an instruction issued: near 100 means instruction-bound); the raw CSV goes to ``--out``. These
-say why a row misses its floor: more bytes than counted, too few warps, or too many instructions per byte.
+warps), registers per thread, millions of warp instructions issued and the schedulers' issue-slot use (% of
+cycles an instruction issued: near 100 means instruction-bound); the raw CSV goes to ``--out``. These say
+why a row misses its floor: more bytes than counted, too few warps, or too many instructions per byte.
 ncu flushes the caches before each kernel (its default cache control), so L2 reuse *between* a split's
 kernels does not show in the DRAM bytes.
 """

@@ -5,9 +5,8 @@
 Prints the median wall time per call (no synchronization) of: a full normc call on torch tensors (the cached
 fast path: allocate y, launch), the same with return_stats and the backward (their own fast paths),
 torch.empty_strided alone, cuda.core's launch alone, the hot path's launcher alone (pointers prepared), the
-hot path's key and its parts,
-torch.nn.functional.layer_norm for comparison, and one forward+backward step of normc.torch.LayerNorm against
-torch.nn.LayerNorm (host time per training step of one layer).
+hot path's key and its parts, torch.nn.functional.layer_norm for comparison, and one forward+backward step of
+normc.torch.LayerNorm against torch.nn.LayerNorm (host time per training step of one layer).
 """
 
 import time
