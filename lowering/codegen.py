@@ -52,11 +52,6 @@ PERSISTENT_MAX_SPILL = 64
 # 28) float32 76.4 -> 73.0 us, but NHWC group norm (8, 640, 32, 32) float16 27.0 -> 29.1 and (8, 1280, 16,
 # 16) 10.2 -> 13.1 (their spills): left off.
 OUTER_PERSISTENT_SM_THREADS = 0
-# Outer persistent kernels: add the rows a warp holds of the same columns with warp shuffles before the y-threads'
-# sums go through shared memory (1), or write every y-thread's sum to shared memory (0). Only tiles narrower
-# than a warp have such rows; with 64-column tiles NHWC instance norm (256, 128, 28, 28) float32 ran 71.8 us
-# without and 72.2 with (tests/gpu_sweep.py, 2026-12-02): the smem sums are not what limits it. Left off.
-COLUMN_SHUFFLE = 0
 # Split, column-major second kernel (layer/RMS norm): at most this many rows, whose means and factors it
 # keeps in shared memory (3 floats each); split plans have fewer rows than SMs unless forced.
 FINISH_COLUMNS_MAX_ROWS = 1024
@@ -1336,25 +1331,10 @@ class _Outer(_Kernel):
         ``rnd`` names this round's shared arrays (a peer may still read the previous round's)."""
         p, V, T, C = self.p, self.V, self.p.tile, self.p.cluster
         RY = p.ry
-        nxc = T // V
-        if COLUMN_SHUFFLE and nxc < 32 and 32 % nxc == 0 and p.threads % 32 == 0 and nxc * RY == p.threads:
-            # a warp holds 32 / nxc rows of the same columns: add them with shuffles (lanes nxc, 2 nxc, ... apart),
-            # so only one partial row per warp goes through shared memory
-            off = nxc
-            while off < 32:
-                for j in range(V):
-                    g(f"{vals[j]} = {vals[j]} + shfl_xor({vals[j]}, {off})")
-                off *= 2
-            RY = p.threads // 32
-            self.smem(g, f"sR{rnd}", RY * T)
-            with g.block(f"if tid % 32 < {nxc}:"):
-                for j in range(V):
-                    g(f"sR{rnd}[(tid // 32) * {T} + cx * {V} + {j}] = {vals[j]}")
-        else:
-            self.smem(g, f"sR{rnd}", RY * T)
-            with g.block("if act:"):
-                for j in range(V):
-                    g(f"sR{rnd}[ry * {T} + cx * {V} + {j}] = {vals[j]}")
+        self.smem(g, f"sR{rnd}", RY * T)
+        with g.block("if act:"):
+            for j in range(V):
+                g(f"sR{rnd}[ry * {T} + cx * {V} + {j}] = {vals[j]}")
         g("cuda.syncthreads()")
         tgt = f"sP{rnd}" if C > 1 else dst
         if C > 1:

@@ -365,12 +365,18 @@ def pick_vec(axes, run_size, dtype_bytes, aligns, tensors=("x", "out"), inner_in
         v *= 2
 
 
-def _hints(strategy, schedule, x_bytes, why) -> int:
+def _hints(strategy, schedule, x_bytes, why, row_params_16bit=False) -> int:
     """Plan.cache_hints (CACHE_HINTS where x is read twice, else 0); explained in ``why``. The inner split
     gets none: on the H200 its rows ran 1-5% slower with them (4 x 10,000,001: 271 -> 285 us), while the
     outer/mixed schedules gained up to 11% (NHWC instance norm (256, 128, 28, 28) float16, looped: 50.9 ->
     45.3 us; (2, 64, 64, 64, 64) float16, split: 77.0 -> 70.8 us; tests/gpu_sweep.py, 2026-12-02). Neither
-    does an x over HINTS_MAX_X_BYTES."""
+    does an x over HINTS_MAX_X_BYTES. One single-read case: an inner persistent row without a cluster,
+    ``row_params_16bit`` (16-bit x, scale or shift along the row) gets PERSISTENT_CACHE_HINTS."""
+    if schedule == "persistent":
+        if not (strategy == "inner" and row_params_16bit and PERSISTENT_CACHE_HINTS):
+            return 0
+        why.append("16-bit rows with scale/shift along them: x's read and y's stores evict-first in L2")
+        return PERSISTENT_CACHE_HINTS
     if schedule not in ("looped", "split", "coop") or not CACHE_HINTS:
         return 0
     if strategy == "inner" and schedule != "looped":
@@ -615,11 +621,9 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
             threads = CTA_THREADS
         grid = -(-K // rpc) * cluster
     blk = [axes[-1]]
-    hints = _hints("inner", schedule, p.kept * p.reduced * dbytes["x"], why)
     along_row = any(getattr(p, f"{w}_dtype") is not None and inner.stride(w) != 0 for w in ("scale", "shift"))
-    if schedule == "persistent" and cluster == 1 and dbytes["x"] == 2 and along_row and PERSISTENT_CACHE_HINTS:
-        hints = PERSISTENT_CACHE_HINTS
-        why.append("16-bit rows with scale/shift along them: x's read and y's stores evict-first in L2")
+    hints = _hints("inner", schedule, p.kept * p.reduced * dbytes["x"], why,
+                   row_params_16bit=cluster == 1 and dbytes["x"] == 2 and along_row)
     return Plan(
         strategy="inner", schedule=schedule, vec=vec,
         scale_vec=_param_vec(p, axes, vec, dbytes, "scale", blk),
@@ -636,6 +640,7 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
         why.append(f"the coop schedule exists for the inner strategy only: not forced ({strategy})")
         force = None
     sms = common["sms"]
+    x_bytes = p.kept * p.reduced * dbytes["x"]
     block = list(axes[-2:]) if strategy == "mixed" else [axes[-1]]
     cb = math.prod(a.size for a in block)
     group = block[-1].size if strategy == "mixed" else 1
@@ -740,7 +745,6 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
         schedule, splits, per = "looped", 1, LOOP_UNROLL
         why.append(f"{base} column tiles >= {sms} SMs: one CTA per column tile, Welford loop, re-read (from L2)")
     else:
-        x_bytes = p.kept * p.reduced * dbytes["x"]
         per_sm = SPLIT_CTAS_PER_SM_IN_L2 if x_bytes <= 2 * LOOPED_L2_BYTES else SPLIT_CTAS_PER_SM
         want = -(-per_sm * sms * STREAM_THREADS // (threads * base))
         max_splits = max(1, rows // (ry * LOOP_UNROLL))
@@ -753,7 +757,7 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
             f"to a workspace, merged once per column tile by a second kernel, normalized by a third"
             if splits > 1 else f"{base} column tiles, rows too few to split: Welford loop, re-read"
         )
-    hints = _hints(strategy, schedule, p.kept * p.reduced * dbytes["x"], why)
+    hints = _hints(strategy, schedule, x_bytes, why)
     return Plan(
         strategy=strategy, schedule=schedule, vec=vec,
         scale_vec=_param_vec(p, axes, vec, dbytes, "scale", block),
