@@ -365,14 +365,19 @@ def time_call(call, rotations, stream=None, adaptive=False):
         return us, "do_bench"
 
 
-def host_overhead_us(fn, n=500):
-    """Median wall time (µs) of one eager call with no synchronization, over 5 batches of ``n`` calls."""
+def host_overhead_us(fn, n=50, batches=20):
+    """Median wall time (µs) of one eager call with no synchronization: ``batches`` batches of ``n`` calls,
+    each batch timed alone and followed by a synchronization; the median of the per-call means.
+
+    Batches are short so that the GPU's launch queue never fills: with 500 calls in a batch, a row of three
+    kernels taking 800 µs on the GPU queued 1500 launches and the host blocked on the queue, which the
+    column then reported as host overhead (259 µs on (2, 64, 128³) NDHWC instance norm)."""
     import torch
 
     fn()
     torch.cuda.synchronize()
     per = []
-    for _ in range(5):
+    for _ in range(batches):
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
