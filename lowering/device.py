@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 
 from llvmlite import ir
-from numba import cuda, float32, int64, types
+from numba import cuda, float32, int32, int64, types
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
@@ -122,7 +122,8 @@ def _store_raw(builder, raw, p, idx, tag, width, hint=""):
     assert hint == "ef", hint
     ty, con, n, _ = _hint_regs(tag, width)
     addr = builder.ptrtoint(_global_ptr(builder, p, idx, tag), ir.IntType(64))
-    vals = [raw] if n == 1 else [builder.extract_element(raw, ir.Constant(_i32, k)) for k in range(n)]
+    vector = isinstance(raw.type, ir.VectorType)  # two 16-bit values move as a vector of one word
+    vals = [builder.extract_element(raw, ir.Constant(_i32, k)) for k in range(n)] if vector else [raw]
     src = "$1" if n == 1 else "{" + ", ".join(f"${k + 1}" for k in range(n)) + "}"
     vec = "" if n == 1 else f".v{n}"
     _asm(builder, f"st.global.cs{vec}.{ty} [$0], {src};", ",".join(["l"] + [con] * n + ["~{memory}"]),
@@ -165,11 +166,13 @@ def _load_hinted(builder, p, idx, tag, width, hint):
     # and the masked forms stay inside their branch (a call to inline asm is never speculated).
     fnty = ir.FunctionType(ret, [addr.type])
     out = builder.call(ir.InlineAsm(fnty, text, ",".join([f"={con}"] * n + ["l"]), side_effect=False), [addr])
-    if n == 1:
+    if not isinstance(_raw_type(tag, width), ir.VectorType):
         return out
+    # as moved (_raw_type): a vector even of one word (two 16-bit values), like the plain load's
     words = ir.Constant(ir.VectorType(lty, n), ir.Undefined)
     for k in range(n):
-        words = builder.insert_element(words, builder.extract_value(out, k), ir.Constant(_i32, k))
+        word = out if n == 1 else builder.extract_value(out, k)
+        words = builder.insert_element(words, word, ir.Constant(_i32, k))
     return words
 
 
@@ -414,7 +417,7 @@ def rsqrt(v):
 def namespace() -> dict:
     """Globals for exec'ing generated kernel source for the GPU."""
     ns = {
-        "cuda": cuda, "I64": int64, "F32": float32, "F32T": float32, "rsqrt": rsqrt,
+        "cuda": cuda, "I64": int64, "I32": int32, "F32": float32, "F32T": float32, "rsqrt": rsqrt,
         "shfl_xor": shfl_xor, "shfl_idx": shfl_idx, "cluster_arrive": cluster_arrive, "cluster_wait": cluster_wait,
         "dsmem_ld": dsmem_ld, "arrive_u32": arrive_u32, "acquire_u32": acquire_u32, "ldcg_f32": ldcg_f32,
         "min": min, "max": max, "range": range,

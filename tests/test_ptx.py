@@ -73,6 +73,18 @@ def test_anchor_row_assembles(i):
     check_kernels(plan)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("n, vec", [(34, 2), (36, 4), (40, 8)])
+def test_hinted_16bit_rows_of_every_vector_width_assemble(dtype, n, vec):
+    """16-bit rows read and written with evict-first hints (PERSISTENT_CACHE_HINTS) at each vector width: a
+    2-wide access moves one 32-bit word, which the hinted load and store once passed to NVVM as the wrong
+    type (invalid IR, caught only on the GPU before this test)."""
+    plan = plan_for(normc.spec("t d : norm over d ; scale d ; shift d"), (37, n), dtype, stats=True)
+    assert (plan.schedule, plan.vec, plan.cache_hints) == ("persistent", vec, 1), plan.describe()
+    ptx = check_kernels(plan)[0].ptx
+    assert "ld.global.cs" in ptx and "st.global.cs" in ptx
+
+
 FORCED = [
     ("t d : norm over d ; scale d ; shift d", (64, 4096), "bfloat16", None),
     ("t d : rms over d ; scale d", (8, 8192), "float16", None),
