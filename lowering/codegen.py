@@ -52,6 +52,12 @@ PERSISTENT_MAX_SPILL = 64
 # 28) float32 76.4 -> 73.0 us, but NHWC group norm (8, 640, 32, 32) float16 27.0 -> 29.1 and (8, 1280, 16,
 # 16) 10.2 -> 13.1 (their spills): left off.
 OUTER_PERSISTENT_SM_THREADS = 0
+# Staged kernel (inner, short rows): threads per SM its launch bound asks for (0: no bound). Unbounded it
+# takes 96 registers per thread on 10M x 10 float32 (2 CTAs of 256 per SM); bounded, 64 with 24 bytes of
+# spills (ptxas, sm_90), 4 CTAs per SM. Measured on the H200 (tests/gpu_sweep.py, 2026-12-02, unbounded ->
+# 1024): 10M x 10 float32 272.5 -> 215.5 us, 10,000,001 x 10 278.3 -> 215.8; six other short-row shapes
+# within 1%.
+STAGED_SM_THREADS = 1024
 # Split, column-major second kernel (layer/RMS norm): at most this many rows, whose means and factors it
 # keeps in shared memory (3 floats each); split plans have fewer rows than SMs unless forced.
 FINISH_COLUMNS_MAX_ROWS = 1024
@@ -699,6 +705,108 @@ class _Inner(_Kernel):
         return KernelSource("normc_inner", g.text(), p.grid, p.threads, self.shared, self.ptypes(), C,
                             min_ctas=PERSISTENT_SM_THREADS // p.threads if wide else 0,
                             max_spill=PERSISTENT_MAX_SPILL if wide else 0)
+
+    def staged(self):
+        """Short contiguous rows (planner's STAGED_MAX_ROW_BYTES) through shared memory. CTA ``bid`` owns the
+        flat chunk of R whole rows starting at element ``bid * R * L`` (16-byte aligned: R * L is whole vectors).
+
+        1. Each thread loads its E flat V-wide vectors (vector ``e * T + tid`` of the chunk: a warp reads 32
+           consecutive vectors) and stores the float32 values to shared memory; a tensor whose size is not
+           whole vectors has its last few elements loaded one by one.
+        2. One thread per row reads the row's L values, takes its mean and variance in two passes over them
+           (or its mean square), writes the statistics, and writes y back in place: ``(x - mean) * rstd``,
+           then the scale and shift of its column (staged in shared memory too: they vary along the row only).
+        3. Each thread stores its E vectors of y from shared memory, as it loaded them.
+
+        Shared memory is padded by one word every 32 (word ``i`` at ``i + i // 32``), so the V-word runs of
+        steps 1 and 3 hit 32 distinct banks per warp access, and step 2's rows of L words at most two. It is
+        accessed through 32-bit addresses (``smem_base``, ``lds_f32``, ``sts_f32``) and int32 indices (``I32``,
+        constants included: an int64 operand would widen the arithmetic); global indices are int64."""
+        p = self.p
+        V, T, E, R, L = p.vec, p.threads, p.per_thread, p.rows_per_cta, p.reduced
+        W = T * E * V
+        g = _Src()
+        self.prologue(g, "normc_inner_staged")
+        self.smem(g, "sx", W + W // 32)
+
+        def at(i):
+            return f"{i} + ({i} >> I32(5))"
+
+        g("sb = smem_base(sx)")
+        # scale and shift (they vary along the row only) in shared memory: the row step reads column j of
+        # every row at once (one broadcast word), and they take no registers
+        var = self.params_for_row()
+        params = {}
+        for w in ("scale", "shift"):
+            if var[w]:
+                name = "sS" if w == "scale" else "sH"
+                self.smem(g, name, L)
+                params[w] = f"{name}b"
+                g(f"{name}b = smem_base({name})")
+                with g.block(f"if tid < {L}:"):
+                    ptr = "sp" if w == "scale" else "hp"
+                    g(f"sts_f32({name}b, tid, ld1_{TAG[getattr(p, f'{w}_dtype')]}({ptr}, tid * {self.red[0].stride(w)}))")
+        g(f"f0 = bid * {R * L}")
+        g(f"lim = min(I64({R * L}), I64({p.kept * L}) - f0)  # elements of this chunk")
+        g(f"rem = I32(lim % {V})  # a ragged last vector (the tensor is not whole vectors): loaded one by one")
+        g("t32 = I32(tid)")
+        pbs, oks = [], []
+        for e in range(E):
+            li, ok = g.new("li"), g.new("ok")
+            g(f"{li} = (t32 + I32({e * T})) * I32({V})")
+            g(f"{ok} = {li} + {V} <= lim")
+            names = [g.new("x") for _ in range(V)]
+            self.load_x(g, names, f"f0 + max(min({li}, lim - {V}), 0)", ok)
+            pb = g.new("pb")
+            g(f"{pb} = {at(li)}  # V-aligned: the V words share one padding")
+            for j, nm in enumerate(names):
+                g(f"sts_f32(sb, {pb} + I32({j}), {nm})")
+            pbs.append(pb)
+            oks.append(ok)
+        g("cuda.syncthreads()")
+        with g.block("if rem != 0:  # CTA-uniform"):
+            with g.block("if t32 < rem:"):
+                g("k = I32(lim) - rem + t32")
+                g(f"sts_f32(sb, {at('k')}, ld1_{self.xt}(xp, f0 + k))")
+            g("cuda.syncthreads()")
+        with g.block(f"for rr in range({-(-R // T)}):"):
+            g(f"r = t32 + I32(rr * {T})")
+            g(f"row = bid * {R} + r")
+            g(f"rb = r * I32({L})")
+            with g.block(f"if r < {R} and row < {p.kept}:"):
+                cs = _coords(g, "row", self.kep, "k")
+                g(f"mb = I64({_offset(cs, self.kep, 'stat')})")
+                vs = [g.new("v") for _ in range(L)]
+                ks = [g.new("k") for _ in range(L)]
+                for j, (nm, k) in enumerate(zip(vs, ks)):
+                    g(f"{k} = rb + I32({j})")
+                    g(f"{k} = {k} + ({k} >> I32(5))")
+                    g(f"{nm} = lds_f32(sb, {k})")
+                if p.stat == "norm":
+                    g(f"n = F32({float(L)!r})")
+                    g("mean = (" + " + ".join(vs) + ") / n")
+                    g("m2 = " + " + ".join(f"({nm} - mean) * ({nm} - mean)" for nm in vs))
+                else:
+                    g("q = " + " + ".join(f"{nm} * {nm}" for nm in vs))
+                self.finish_stats(g, "True")
+                for j, (nm, k) in enumerate(zip(vs, ks)):
+                    y = f"({nm} - mean) * rstd"
+                    if "scale" in params:
+                        y = f"({y}) * lds_f32({params['scale']}, I32({j}))"
+                    if "shift" in params:
+                        y = f"{y} + lds_f32({params['shift']}, I32({j}))"
+                    g(f"sts_f32(sb, {k}, {y})")
+        g("cuda.syncthreads()")
+        for e, (pb, ok) in enumerate(zip(pbs, oks)):
+            ys = [g.new("y") for _ in range(V)]
+            for j, nm in enumerate(ys):
+                g(f"{nm} = lds_f32(sb, {pb} + I32({j}))")
+            self.store_out(g, ys, f"f0 + max(min(I64((t32 + I32({e * T})) * I32({V})), lim - {V}), 0)", ok)
+        with g.block("if rem != 0 and t32 < rem:"):
+            g("k = I32(lim) - rem + t32")
+            g(f"st1_{self.ot}(op, f0 + k, lds_f32(sb, {at('k')}))")
+        return KernelSource("normc_inner_staged", g.text(), p.grid, T, self.shared, self.ptypes(),
+                            min_ctas=STAGED_SM_THREADS // T, max_spill=PERSISTENT_MAX_SPILL)
 
     def cluster_sum(self, g, name, rnd):
         """Sum a CTA-uniform value over the CTAs of the cluster (in rank order: every CTA gets the same
@@ -1665,6 +1773,8 @@ def generate(plan) -> list[KernelSource]:
         k = _Inner(plan)
         if plan.schedule == "persistent":
             return [k.persistent()]
+        if plan.schedule == "staged":
+            return [k.staged()]
         if plan.schedule == "looped":
             return _streaming([k.looped()])
         if plan.schedule == "coop":

@@ -293,6 +293,59 @@ def cluster_wait(typingctx):
 
 
 @intrinsic
+def smem_base(typingctx, arr):
+    """32-bit shared-window address (bytes) of the first element of the float32 shared array ``arr``, for
+    :func:`lds_f32` / :func:`sts_f32`. Indexing the array itself costs 64-bit address arithmetic per access
+    (Numba's array model); the staged kernel accesses shared memory several times per element."""
+    if not isinstance(arr, types.Array) or arr.dtype != float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        a = context.make_array(signature.args[0])(context, builder, args[0])
+        gen = builder.ptrtoint(a.data, ir.IntType(64))
+        fnty = ir.FunctionType(_i32, [gen.type])
+        text = "{ .reg .u64 t; cvta.to.shared.u64 t, $1; cvt.u32.u64 $0, t; }"
+        return builder.call(ir.InlineAsm(fnty, text, "=r,l", side_effect=False), [gen])
+
+    return int32(arr), codegen
+
+
+def _smem_addr(context, builder, signature, args):
+    i = builder.trunc(context.cast(builder, args[1], signature.args[1], int64), _i32)
+    return builder.add(args[0], builder.shl(i, ir.Constant(_i32, 2)))
+
+
+@intrinsic
+def lds_f32(typingctx, base, idx):
+    """float32 at element ``idx`` (int32 range) of the shared array whose :func:`smem_base` is ``base``. A
+    volatile asm: it stays on its side of the barriers around it."""
+    if base != int32 or not isinstance(idx, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        fnty = ir.FunctionType(_f32, [_i32])
+        asm = ir.InlineAsm(fnty, "ld.shared.f32 $0, [$1];", "=f,r,~{memory}", side_effect=True)
+        return builder.call(asm, [_smem_addr(context, builder, signature, args)])
+
+    return float32(base, idx), codegen
+
+
+@intrinsic
+def sts_f32(typingctx, base, idx, v):
+    """Store the float32 ``v`` at element ``idx`` of the shared array whose :func:`smem_base` is ``base``."""
+    if base != int32 or not isinstance(idx, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        val = context.cast(builder, args[2], signature.args[2], float32)
+        _asm(builder, "st.shared.f32 [$0], $1;", "r,f,~{memory}", ir.VoidType(),
+             [_smem_addr(context, builder, signature, args), val])
+        return context.get_dummy_value()
+
+    return types.void(base, idx, v), codegen
+
+
+@intrinsic
 def dsmem_ld(typingctx, arr, idx, rank):
     """float32 element ``idx`` of shared array ``arr`` in the CTA of cluster rank ``rank``."""
     if not isinstance(arr, types.Array) or arr.dtype != float32:
@@ -419,7 +472,8 @@ def namespace() -> dict:
     ns = {
         "cuda": cuda, "I64": int64, "I32": int32, "F32": float32, "F32T": float32, "rsqrt": rsqrt,
         "shfl_xor": shfl_xor, "shfl_idx": shfl_idx, "cluster_arrive": cluster_arrive, "cluster_wait": cluster_wait,
-        "dsmem_ld": dsmem_ld, "arrive_u32": arrive_u32, "acquire_u32": acquire_u32, "ldcg_f32": ldcg_f32,
+        "dsmem_ld": dsmem_ld, "smem_base": smem_base, "lds_f32": lds_f32, "sts_f32": sts_f32,
+        "arrive_u32": arrive_u32, "acquire_u32": acquire_u32, "ldcg_f32": ldcg_f32,
         "min": min, "max": max, "range": range,
     }
     for tag in TAGS:

@@ -182,6 +182,19 @@ def dsmem_ld(arr, i, rank):
     return arr.base[int(rank) * len(arr) + int(i)]
 
 
+def smem_base(arr):
+    """Simulator: the shared array itself stands for its address."""
+    return arr
+
+
+def lds_f32(base, i):
+    return base[int(i)]
+
+
+def sts_f32(base, i, v):
+    base[int(i)] = v
+
+
 _counter_lock = threading.Lock()
 
 
@@ -201,9 +214,10 @@ def namespace(cluster=1, threads=1, blocks=1) -> dict:
     """Globals for exec'ing generated kernel source for Numba's CUDA simulator (``cluster`` CTAs of
     ``threads`` threads per simulated block, ``blocks`` simulated blocks)."""
     ns = {
-        "cuda": cuda if cluster == 1 else _ClusterCuda(cluster, threads, blocks), "I64": _i64, "F32": np.float32,
+        "cuda": cuda if cluster == 1 else _ClusterCuda(cluster, threads, blocks), "I64": _i64, "I32": _i64, "F32": np.float32,
         "F32T": np.float32, "rsqrt": rsqrt, "shfl_xor": shfl_xor, "shfl_idx": shfl_idx,
         "cluster_arrive": cluster_arrive, "cluster_wait": cluster_wait, "dsmem_ld": dsmem_ld,
+        "smem_base": smem_base, "lds_f32": lds_f32, "sts_f32": sts_f32,
         "arrive_u32": arrive_u32, "acquire_u32": acquire_u32, "ldcg_f32": _make_ld("f32", 1),
         "min": min, "max": max, "range": range,
     }

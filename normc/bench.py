@@ -413,7 +413,7 @@ def bench_row(i, row, bw, systems=SYSTEMS, l2_bytes=60e6, compile_cache=None):
     floor_us = 2 * nbytes / bw * 1e6
     out = {"row": i, "family": row["family"], "shape": row["shape"], "dtype": row["dtype"],
            "memory_order": row["memory_order"], "plan": f"{plan.strategy}/{plan.schedule}",
-           "reads_x": 1 if plan.schedule == "persistent" else 2, "floor_us": floor_us,
+           "reads_x": plan.reads_x, "floor_us": floor_us,
            "first_call_s": first_s, "rotations": rot, "systems": {}}
     fns = {"normc": lambda x: f(x, sc, sh)}
     with torch_compile_settings():

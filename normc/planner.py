@@ -75,6 +75,11 @@ STREAM_THREADS = 512
 # Vectors loaded before any is used in looped schedules (memory-level parallelism: several independent
 # loads in flight per thread, PyTorch's channels-last batch norm uses 4).
 LOOP_UNROLL = 4
+# Inner looped/split schedules whose vectors are narrower than 16 bytes (rows not aligned for wider ones, e.g.
+# 4 x 10,000,001 float32: scalar accesses) load more of them per trip, so each thread keeps as many bytes in
+# flight as LOOP_UNROLL 16-byte vectors would: at most this many vectors per trip (1 keeps LOOP_UNROLL).
+# Measured on the H200 (tests/gpu_sweep.py, 2026-12-02): 4 x 10,000,001 float32 split 269.1 -> 259.1 us.
+NARROW_LOOP_UNROLL = 16
 # Outer/mixed clusters: the most values a thread of a cluster CTA may hold (float32 registers); the smallest
 # cluster whose CTAs fit is taken. 32 was measured slower on the H200 (tests/gpu_sweep.py, 2026-12-02): the
 # outer kernels take 80-127 registers whatever they hold (addressing and per-column statistics), so fewer
@@ -175,6 +180,23 @@ HINTS_MAX_X_BYTES = 4 * LOOPED_L2_BYTES
 # 67.4 -> 70.8 us). float32 rows lost 1-12% with them (1M x 100: 200.3 -> 224.1 us;
 # (256, 128, 28, 28) instance norm 51.6 -> 53.5), and so did float16 instance norm (27.2 -> 27.6): none there.
 PERSISTENT_CACHE_HINTS = 1
+# Staged schedule (inner, short contiguous rows): rows of at most this many bytes whose block of rows is one
+# contiguous run are loaded as flat 16-byte vectors into shared memory, reduced one row per thread there, and
+# stored back as flat vectors, instead of each row being read with vectors no wider than its own alignment
+# allows (a 40-byte float32 row gets 8-byte vectors, 2 threads per row, 62% of warps active). Measured on the
+# H200 (tests/gpu_sweep.py, 2026-12-02, persistent -> staged, float32): 10M x 10 311 -> 216 us (torch.compile
+# 192), 16M x 6 327 -> 200-214 (compile 334), 12M x 3 118 -> 92 (compile 140), 6M x 16 322 -> 258 (compile
+# 184). 0 turns it off.
+STAGED_MAX_ROW_BYTES = 64
+# ... for 16-bit x: its rows were slower staged above 16 bytes (8M x 12 float16: 164 -> 180 us; 4M x 30:
+# 211 -> 427) and faster at 10 bytes (20M x 5: 251 -> 195).
+STAGED_MAX_ROW_BYTES_16BIT = 16
+# Threads of a staged CTA, and the range of 16-byte vectors each thread moves: the rows per CTA are the most
+# whole rows that T x E vectors hold (their bytes a multiple of 16, so every CTA's chunk starts aligned); E is
+# picked in this range to waste the fewest vector slots and threads of the one-row-per-thread step (10 float32
+# values: E = 5 holds 512 rows exactly, two per thread).
+STAGED_THREADS = 256
+STAGED_VECTORS = (2, 8)
 # Default multiprocessor count when planning without a GPU: H100/H200 SXM have 132 SMs.
 DEFAULT_SMS = 132
 
@@ -188,7 +210,9 @@ class Plan:
 
     Attributes:
         strategy: ``"inner"``, ``"outer"`` or ``"mixed"`` (see the module docstring).
-        schedule: ``"persistent"``, ``"looped"``, ``"split"`` or ``"coop"``.
+        schedule: ``"persistent"``, ``"looped"``, ``"split"``, ``"coop"`` or ``"staged"`` (inner, short contiguous
+            rows through shared memory: ``vec`` is then the flat vector width, ``per_thread`` the flat vectors
+            per thread, ``rows_per_cta`` the rows one CTA reduces, one per thread at a time).
         axes: canonical axes, outermost-first (:mod:`normc.canonical`).
         stat: ``"norm"`` (mean and biased variance) or ``"rms"`` (mean square).
         eps: added to the variance (or mean square) before rsqrt.
@@ -249,6 +273,12 @@ class Plan:
     cluster: int = 1
     cache_hints: int = 0
     why: tuple = field(default=(), compare=False)
+
+    @property
+    def reads_x(self) -> int:
+        """Times the kernels read x from memory: 1 for the persistent and staged schedules (x held on chip
+        between its reduction and its normalization), 2 for the others."""
+        return 1 if self.schedule in ("persistent", "staged") else 2
 
     @property
     def workspace_floats(self) -> int:
@@ -406,7 +436,7 @@ def make_plan(problem, *, arch="sm_90", sms=DEFAULT_SMS, schedule=None, max_clus
         problem: a :class:`normc.canonical.Problem`-like object (see :func:`normc.api.make_problem`).
         arch: target, e.g. ``"sm_90"``.
         sms: number of multiprocessors (132 on the H200) used to size grids.
-        schedule: force ``"looped"``, ``"split"``, ``"coop"`` (inner only) or ``"cluster"`` (persistent over a thread-block cluster,
+        schedule: force ``"looped"``, ``"split"``, ``"coop"`` (inner only), ``"staged"`` (inner, where it applies) or ``"cluster"`` (persistent over a thread-block cluster,
             sm_90+) instead of the heuristic's choice (for tests and autotuning candidates); ``"persistent"``
             is honoured only where the values fit in registers.
         max_cluster: largest thread-block cluster to use (default: the largest of ``CLUSTER_SIZES``); the
@@ -484,9 +514,59 @@ def _param_vec(p, axes, vec, dbytes, which, block):
     )
 
 
+def _staged_tiling(p, dbytes, unit):
+    """(V, E, R): flat vector width, vectors per thread and rows per CTA of the staged schedule, or None where
+    it does not apply: the problem must be one kept axis of contiguous rows (x and out), at most
+    STAGED_MAX_ROW_BYTES per row, x and out aligned to 16 bytes, no scale or shift varying along the kept
+    axis, and an x dtype whose statistics are not scaled (bfloat16 keeps the persistent schedule)."""
+    from .lowering.codegen import SCALED_DTYPES
+
+    axes = p.axes
+    if len(axes) != 2 or axes[0].reduced or not axes[1].reduced or not unit or p.x_dtype in SCALED_DTYPES:
+        return None
+    L = p.reduced
+    k = axes[0]
+    wide = max(dbytes["x"], dbytes["out"])
+    limit = STAGED_MAX_ROW_BYTES_16BIT if dbytes["x"] == 2 else STAGED_MAX_ROW_BYTES
+    if k.x != L or k.out != L or L * dbytes["x"] > min(limit, STAGED_MAX_ROW_BYTES) or p.kept < 1:
+        return None
+    if any(getattr(p, f"{w}_dtype") is not None and k.stride(w) != 0 for w in ("scale", "shift")):
+        return None
+    V = MAX_VECTOR_BYTES // wide
+    if p.align["x"] % (V * dbytes["x"]) or p.align["out"] % (V * dbytes["out"]):
+        return None
+    m = V // math.gcd(V, L)  # rows per CTA step by m so that a CTA's chunk is whole vectors
+    fits = []
+    for E in range(STAGED_VECTORS[0], STAGED_VECTORS[1] + 1):
+        R = (STAGED_THREADS * E * V // L) // m * m
+        if R >= 1:
+            # fewest wasted vector slots plus idle threads of the row step (its last round of R / T rows may
+            # be partly filled: 4M x 30 float16 once had 272 rows, a second round for 16 threads); among
+            # equals, the E nearest 4 (enough loads in flight, few registers)
+            rounds = -(-R // STAGED_THREADS)
+            waste = 1 - R * L / (STAGED_THREADS * E * V) + 1 - R / (rounds * STAGED_THREADS)
+            fits.append((round(waste, 9), abs(E - 4), E, R))
+    return (V, min(fits)[2], min(fits)[3]) if fits else None
+
+
 def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
     axes = p.axes
     inner = axes[-1]
+    staged = _staged_tiling(p, dbytes, unit) if force in (None, "staged") else None
+    if force == "staged" and staged is None:
+        why.append("the staged schedule needs one kept axis of contiguous rows of at most "
+                   f"{STAGED_MAX_ROW_BYTES} B, 16-byte aligned x and out, no per-row scale/shift, no bfloat16: "
+                   "not forced")
+    if staged is not None:
+        V, E, R = staged
+        why.append(f"short contiguous rows ({p.reduced * dbytes['x']} B <= {STAGED_MAX_ROW_BYTES} B): staged through "
+                   f"shared memory, {STAGED_THREADS} threads x {E} flat {V * dbytes['x']} B vectors = {R} rows per CTA, "
+                   f"one thread per row reduces and normalizes them there")
+        return Plan(
+            strategy="inner", schedule="staged", vec=V, scale_vec=False, shift_vec=False,
+            threads=STAGED_THREADS, tpr=1, rows_per_cta=R, nxc=0, ry=0, tile=0, group=1, per_thread=E,
+            splits=1, grid=-(-p.kept // R), cluster=1, cache_hints=0, why=tuple(why), **common,
+        )
     vec = pick_vec(axes, inner.size, dbytes, p.align) if unit else 1
     if vec > 1:
         why.append(f"vec={vec}: {vec * dbytes['x']} B accesses (run {inner.size}, pointers and strides aligned)")
@@ -586,6 +666,9 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
     if force in ("looped", "split", "coop") and force != schedule:
         schedule, tpr, per, cluster = force, STREAM_THREADS, LOOP_UNROLL, 1
         why.append(f"schedule forced to {force}")
+    if schedule in ("looped", "split") and vec * dbytes["x"] < MAX_VECTOR_BYTES and NARROW_LOOP_UNROLL > per:
+        per = min(NARROW_LOOP_UNROLL, per * MAX_VECTOR_BYTES // (vec * dbytes["x"]))
+        why.append(f"{vec * dbytes['x']} B vectors: {per} per loop trip ({per * vec * dbytes['x']} B in flight per thread)")
     if schedule == "coop":
         # Rows in flight: as many as COOP_L2_BYTES holds (at least 1); splits: the co-resident CTAs shared
         # among them, at least LOOP_UNROLL vectors per thread each. Forced (tests): 2 splits, 1 row in flight.
@@ -603,7 +686,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
         threads, rpc = tpr, 1
         grid = splits * inflight
     elif schedule == "split":
-        max_splits = max(1, nc // (tpr * LOOP_UNROLL))
+        max_splits = max(1, nc // (tpr * per))
         slots = STREAM_THREADS_PER_SM // tpr * sms
         splits = max(1, min(_fill_splits(max(K, 1), slots), max_splits))  # K = 0: an empty batch
         if force == "split":

@@ -230,8 +230,9 @@ class Compiled:
         CompileError: a kernel could not be compiled or loaded.
 
     Constructor arguments: ``spec`` (a :class:`normc.Spec` or its text), ``out_dtype`` (default: x's),
-    ``arch`` (override the device's compute capability), ``schedule`` (force ``"looped"``, ``"split"`` or ``"coop"``,
-    for tests and tuning; default: the planner's choice).
+    ``arch`` (override the device's compute capability), ``schedule`` (force ``"persistent"``, ``"staged"``,
+    ``"looped"``, ``"split"``, ``"coop"`` or ``"cluster"`` where the problem admits it, for tests and tuning; default:
+    the planner's choice).
     """
 
     def __init__(self, spec, *, out_dtype=None, arch=None, schedule=None, use_tuning=True):
@@ -251,9 +252,9 @@ class Compiled:
             from ..lowering import arch_cc
 
             arch_cc(arch)  # validate now: ArgumentError naming arch
-        if schedule not in (None, "persistent", "looped", "split", "coop", "cluster"):
-            raise ArgumentError(f"schedule is {schedule!r}; expected None, 'persistent', 'looped', 'split', 'coop' "
-                                f"or 'cluster'")
+        if schedule not in (None, "persistent", "staged", "looped", "split", "coop", "cluster"):
+            raise ArgumentError(f"schedule is {schedule!r}; expected None, 'persistent', 'staged', 'looped', 'split', "
+                                f"'coop' or 'cluster'")
         self.arch = arch
         self.schedule = schedule
         self.use_tuning = use_tuning

@@ -14,7 +14,7 @@ import dataclasses
 from ..errors import ArgumentError
 from . import cache
 
-SCHEDULES = (None, "looped", "split", "coop", "cluster")
+SCHEDULES = (None, "persistent", "staged", "looped", "split", "coop", "cluster")
 
 
 def _key(problem, arch, sms) -> str:

@@ -46,12 +46,17 @@ def apply(variant):
             setattr(planner, k, v)
 
 
+def _table_path():
+    """The ``--table`` file (passed to the worker processes through the environment), else None: the anchors."""
+    return os.environ.get("NORMC_SWEEP_TABLE") or None
+
+
 def _compiled(i, variant, schedule):
     import normc
     from normc.bench import load_table, row_spec
 
     apply(variant)
-    return normc.compile(row_spec(load_table()[i]), schedule=variant.get("schedule", schedule))
+    return normc.compile(row_spec(load_table(_table_path())[i]), schedule=variant.get("schedule", schedule))
 
 
 def warm(task):
@@ -63,7 +68,7 @@ def warm(task):
         from normc.bench import load_table, make_inputs
 
         f = _compiled(i, variant, schedule)
-        _, xs, sc, sh = make_inputs(load_table()[i], copies=1, seed=i)
+        _, xs, sc, sh = make_inputs(load_table(_table_path())[i], copies=1, seed=i)
         f(xs[0], sc, sh)
         torch.cuda.synchronize()
         plan = next(iter(f._table.values())).plan
@@ -111,6 +116,7 @@ def _best_peer(i):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", required=True)
+    ap.add_argument("--table", default=None, help="JSON table of the anchors.json form (default: the anchors)")
     ap.add_argument("--set", action="append", default=[], help="NAME=v1,v2,... (a normc.planner constant)")
     ap.add_argument("--case", action="append", default=[], help="NAME=v,NAME=v,... (one variant)")
     ap.add_argument("--schedule", default=None)
@@ -118,6 +124,8 @@ def main(argv=None):
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json", default=None, help="write every timing here")
     a = ap.parse_args(argv)
+    if a.table:
+        os.environ["NORMC_SWEEP_TABLE"] = os.path.abspath(a.table)
     rows = [int(r) for r in a.rows.split(",")]
     variants = [{}] + parse_variants(a.set, a.case)
     tasks = [(i, v, a.schedule) for i in rows for v in variants]
@@ -136,12 +144,12 @@ def main(argv=None):
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
     results = []
     for i in rows:
-        row = load_table()[i]
+        row = load_table(_table_path())[i]
         nbytes = math.prod(row["shape"]) * ITEMSIZE[row["dtype"]]
         rot = rotations(nbytes, 60e6)
         spec, xs, sc, sh = make_inputs(row, copies=rot, seed=i)
         fl = 2 * nbytes / bw * 1e6  # x read once + y written once
-        peer = _best_peer(i)
+        peer = None if a.table else _best_peer(i)
         ref = None
         print(f"row {i}: {row['family']} {row['shape']} {row['dtype']} {row['memory_order']}  floor {fl:.1f} us"
               + (f"  best peer {peer:.1f} us" if peer else ""), flush=True)

@@ -85,6 +85,13 @@ def test_hinted_16bit_rows_of_every_vector_width_assemble(dtype, n, vec):
     assert "ld.global.cs" in ptx and "st.global.cs" in ptx
 
 
+@pytest.mark.parametrize("dtype, shape", [("float16", (1001, 6)), ("float32", (12345, 3)), ("float32", (7, 10))])
+def test_staged_short_rows_assemble(dtype, shape):
+    plan = plan_for(normc.spec("t d : norm over d ; scale d ; shift d"), shape, dtype, stats=True)
+    assert plan.schedule == "staged", plan.describe()
+    check_kernels(plan)
+
+
 FORCED = [
     ("t d : norm over d ; scale d ; shift d", (64, 4096), "bfloat16", None),
     ("t d : rms over d ; scale d", (8, 8192), "float16", None),

@@ -89,9 +89,48 @@ DTYPES = ["float32", "float16", "bfloat16"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(3, 10), (2, 33), (4, 64)])
+@pytest.mark.parametrize("shape", [(3, 40), (2, 33), (4, 64)])
 def test_inner_persistent_layer_norm(shape, dtype):
     run_case(LN, make_x(shape, dtype), expect=("inner", "persistent"))
+
+
+@pytest.mark.parametrize("spec", [LN, RMS], ids=["norm", "rms"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", [(3, 5), (1037, 6), (9, 3), (700, 8)])
+def test_inner_staged_short_rows(shape, dtype, spec):
+    """Short contiguous rows go through shared memory: (3, 5) is 15 elements, not whole 16-byte vectors (the
+    ragged last vector is loaded and stored one element at a time); (1037, 6) spans several CTAs, the last
+    one partly filled; (9, 3) packs many rows per CTA and per thread; (700, 8) is whole vectors."""
+    _, _, _, plan = run_case(spec, make_x(shape, dtype), expect=("inner", "staged"))
+    assert plan.vec * np.dtype(np_dtype(dtype)).itemsize == 16
+    assert plan.rows_per_cta * shape[1] % plan.vec == 0
+    if shape[0] > plan.rows_per_cta:
+        assert plan.grid >= 2
+
+
+def test_inner_staged_wider_out_dtype():
+    """float16 x, float32 y: the flat vectors are as wide as 16 bytes of the wider dtype (4 elements)."""
+    x = make_x((301, 6), "float16")
+    rng = np.random.default_rng(3)
+    sc, sh = _params(_spec(LN), x.shape, "float32", rng)
+    f = normc.compile(LN, out_dtype="float32")
+    y, mean, rstd = f(x, sc, sh, return_stats=True)
+    plan = only_plan(f)
+    assert (plan.schedule, plan.vec) == ("staged", 4)
+    assert y.dtype == np.float32
+    ry, rm, rr = reference(_spec(LN), x, sc, sh)
+    check_y(y, ry, "float32", None, atol=fold_atol(x, rr, sc))
+    check_stats(mean, rstd, rm, rr)
+
+
+def test_inner_staged_not_forced_where_it_does_not_apply():
+    """bfloat16 rows and long rows keep the persistent schedule even when staged is asked for."""
+    for shape, dtype in (((4, 10), "bfloat16"), ((4, 100), "float32")):
+        f = normc.compile(LN, schedule="staged")
+        f(make_x(shape, dtype), *_params(_spec(LN), shape, dtype, np.random.default_rng(1)))
+        plan = only_plan(f)
+        assert plan.schedule == "persistent"
+        assert any("not forced" in w for w in plan.why)
 
 
 def test_inner_persistent_rms_bf16():
@@ -111,6 +150,13 @@ def test_inner_looped_layer_norm():
 @pytest.mark.parametrize("spec", [LN, RMS], ids=["norm", "rms"])
 def test_inner_split(spec):
     run_case(spec, make_x((2, 700), "float32"), schedule="split", expect=("inner", "split"))
+
+
+@pytest.mark.parametrize("schedule", ["looped", "split"])
+def test_inner_streaming_scalar_rows_load_more_per_trip(schedule):
+    """Odd rows (scalar accesses) load NARROW_LOOP_UNROLL values per trip, masked past the row's end."""
+    _, _, _, plan = run_case(LN, make_x((2, 1001), "float32"), schedule=schedule, expect=("inner", schedule))
+    assert (plan.vec, plan.per_thread) == (1, normc.planner.NARROW_LOOP_UNROLL)
 
 
 @pytest.mark.parametrize("text, shape, dtype", [
