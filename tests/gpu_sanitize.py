@@ -28,6 +28,9 @@ import time
 CASES = [
     ("inner-persistent", "t d : norm over d ; scale d ; shift d", {}, (37, 1003), None, "float32", None),
     ("inner-persistent-rms-bf16", "t d : rms over d ; scale d", {}, (33, 520), None, "bfloat16", None),
+    # short rows through shared memory; 1037 x 10 is not whole 16-byte vectors (a ragged last vector)
+    ("inner-staged", "t d : norm over d ; scale d ; shift d", {}, (1037, 10), None, "float32", None),
+    ("inner-staged-rms-f16", "t d : rms over d ; scale d", {}, (333, 5), None, "float16", None),
     ("inner-looped", "t d : norm over d ; scale d ; shift d", {}, (5, 20011), None, "float16", "looped"),
     ("inner-split", "t d : norm over d ; scale d ; shift d", {}, (3, 30001), None, "float32", "split"),
     # per-row parameters: the row-wise second kernel (layer norm above takes the column-major one)
