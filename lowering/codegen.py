@@ -53,10 +53,10 @@ PERSISTENT_MAX_SPILL = 64
 # 16) 10.2 -> 13.1 (their spills): left off.
 OUTER_PERSISTENT_SM_THREADS = 0
 # Staged kernel (inner, short rows): threads per SM its launch bound asks for (0: no bound). Unbounded it
-# takes 96 registers per thread on 10M x 10 float32 (2 CTAs of 256 per SM); bounded, 64 with 24 bytes of
-# spills (ptxas, sm_90), 4 CTAs per SM. Measured on the H200 (tests/gpu_sweep.py, 2026-12-02, unbounded ->
-# 1024): 10M x 10 float32 272.5 -> 215.5 us, 10,000,001 x 10 278.3 -> 215.8; six other short-row shapes
-# within 1%.
+# takes 64-80 registers per thread on float32 rows of 10-16 values (3 CTAs of 256 per SM); bounded, at most 64
+# (4 CTAs per SM; ptxas, sm_90: 10M x 10 spills nothing, rows of 16 values up to 16 bytes). Measured on the H200
+# (tests/gpu_sweep.py, 2026-12-02, unbounded -> 1024): 10,000,001 x 10 float32 213.8 -> 192.6 us, 6M x 16
+# 198.9 -> 189.1; 10M x 10, 16M x 6, 12M x 3 and 20M x 5 float16 within 0.5%.
 STAGED_SM_THREADS = 1024
 # Split, column-major second kernel (layer/RMS norm): at most this many rows, whose means and factors it
 # keeps in shared memory (3 floats each); split plans have fewer rows than SMs unless forced.
@@ -743,9 +743,9 @@ class _Inner(_Kernel):
                 self.smem(g, name, L)
                 params[w] = f"{name}b"
                 g(f"{name}b = smem_base({name})")
-                with g.block(f"if tid < {L}:"):
-                    ptr = "sp" if w == "scale" else "hp"
-                    g(f"sts_f32({name}b, tid, ld1_{TAG[getattr(p, f'{w}_dtype')]}({ptr}, tid * {self.red[0].stride(w)}))")
+                ptr, tag = ("sp" if w == "scale" else "hp"), TAG[getattr(p, f"{w}_dtype")]
+                with g.block(f"for j in range(tid, {L}, {T}):"):
+                    g(f"sts_f32({name}b, j, ld1_{tag}({ptr}, j * {self.red[0].stride(w)}))")
         g(f"f0 = bid * {R * L}")
         g(f"lim = min(I64({R * L}), I64({p.kept * L}) - f0)  # elements of this chunk")
         g(f"rem = I32(lim % {V})  # a ragged last vector (the tensor is not whole vectors): loaded one by one")

@@ -184,12 +184,12 @@ PERSISTENT_CACHE_HINTS = 1
 # contiguous run are loaded as flat 16-byte vectors into shared memory, reduced one row per thread there, and
 # stored back as flat vectors, instead of each row being read with vectors no wider than its own alignment
 # allows (a 40-byte float32 row gets 8-byte vectors, 2 threads per row, 62% of warps active). Measured on the
-# H200 (tests/gpu_sweep.py, 2026-12-02, persistent -> staged, float32): 10M x 10 311 -> 216 us (torch.compile
-# 192), 16M x 6 327 -> 200-214 (compile 334), 12M x 3 118 -> 92 (compile 140), 6M x 16 322 -> 258 (compile
-# 184). 0 turns it off.
+# H200 (tests/gpu_sweep.py, 2026-12-02, persistent -> staged, float32): 10M x 10 311 -> 191 us (torch.compile
+# 191), 16M x 6 327 -> 203 (compile 334), 12M x 3 118 -> 76 (compile 140), 6M x 16 322 -> 189 (compile 184).
+# 0 turns it off (16-bit rows included).
 STAGED_MAX_ROW_BYTES = 64
 # ... for 16-bit x: its rows were slower staged above 16 bytes (8M x 12 float16: 164 -> 180 us; 4M x 30:
-# 211 -> 427) and faster at 10 bytes (20M x 5: 251 -> 195).
+# 211 -> 427) and faster at 10 bytes (20M x 5: 251 -> 149).
 STAGED_MAX_ROW_BYTES_16BIT = 16
 # Threads of a staged CTA, and the range of 16-byte vectors each thread moves: the rows per CTA are the most
 # whole rows that T x E vectors hold (their bytes a multiple of 16, so every CTA's chunk starts aligned); E is
@@ -555,11 +555,13 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
     staged = _staged_tiling(p, dbytes, unit) if force in (None, "staged") else None
     if force == "staged" and staged is None:
         why.append("the staged schedule needs one kept axis of contiguous rows of at most "
-                   f"{STAGED_MAX_ROW_BYTES} B, 16-byte aligned x and out, no per-row scale/shift, no bfloat16: "
-                   "not forced")
+                   f"{STAGED_MAX_ROW_BYTES} B ({STAGED_MAX_ROW_BYTES_16BIT} B for 16-bit x), 16-byte aligned x and "
+                   "out, no per-row scale/shift, no bfloat16: not forced")
+        force = None  # then planned exactly as without the request
     if staged is not None:
         V, E, R = staged
-        why.append(f"short contiguous rows ({p.reduced * dbytes['x']} B <= {STAGED_MAX_ROW_BYTES} B): staged through "
+        limit = STAGED_MAX_ROW_BYTES_16BIT if dbytes["x"] == 2 else STAGED_MAX_ROW_BYTES
+        why.append(f"short contiguous rows ({p.reduced * dbytes['x']} B <= {limit} B): staged through "
                    f"shared memory, {STAGED_THREADS} threads x {E} flat {V * dbytes['x']} B vectors = {R} rows per CTA, "
                    f"one thread per row reduces and normalizes them there")
         return Plan(
