@@ -33,6 +33,8 @@ class LoweredKernel:
         cluster: CTAs per thread-block cluster (1: no cluster); launch with this cluster shape.
         coop: cooperative kernel (its CTAs wait for each other): launch cooperatively with at most ``grid``
             CTAs, no more than are co-resident (see :class:`normc.lowering.codegen.KernelSource`).
+        pdl: launch as a programmatic dependent of the plan's previous kernel (programmatic stream
+            serialization); the kernel waits for that one before touching memory.
     """
 
     ptx: str
@@ -44,6 +46,7 @@ class LoweredKernel:
     source: str
     cluster: int = 1
     coop: bool = False
+    pdl: bool = False
 
 
 def arch_cc(arch) -> tuple:
@@ -225,7 +228,7 @@ def compile_source(ks: KernelSource, cc) -> LoweredKernel:
     if len(entries) != 1:
         raise CompileError(f"PTX of {ks.name} has {len(entries)} entries; expected 1")
     return LoweredKernel(ptx, entries[0], ks.grid, ks.block, ks.shared_bytes, ks.pointer_types, ks.source,
-                         ks.cluster, ks.coop)
+                         ks.cluster, ks.coop, ks.pdl)
 
 
 def lower(plan, arch=None) -> list:

@@ -58,6 +58,12 @@ OUTER_PERSISTENT_SM_THREADS = 0
 # (tests/gpu_sweep.py, 2026-12-02, unbounded -> 1024): 10,000,001 x 10 float32 213.8 -> 192.6 us, 6M x 16
 # 198.9 -> 189.1; 10M x 10, 16M x 6, 12M x 3 and 20M x 5 float16 within 0.5%.
 STAGED_SM_THREADS = 1024
+# Programmatic dependent launch between the kernels of a split schedule (1: on, 0: off): each kernel but the
+# first is launched so that it may be scheduled once every CTA of the kernel before it has started, and waits
+# (griddepcontrol.wait) as its first statement until that kernel has completed and its writes are visible.
+# Its CTAs then take the SM slots the previous kernel's last wave frees instead of being launched after the
+# whole grid drains (CUDA programming guide, "Programmatic Dependent Launch and Synchronization").
+PDL = 1
 # Split, column-major second kernel (layer/RMS norm): at most this many rows, whose means and factors it
 # keeps in shared memory (3 floats each); split plans have fewer rows than SMs unless forced.
 FINISH_COLUMNS_MAX_ROWS = 1024
@@ -110,6 +116,8 @@ class KernelSource:
         min_ctas: CTAs of ``block`` threads that must fit one SM (the second launch bound, PTX
             ``.minnctapersm``: ptxas caps registers at 64K / (min_ctas x block)); 0 leaves registers uncapped.
         max_spill: bytes of spill stores the bound may cost and still be kept (else it is dropped).
+        pdl: launch as a programmatic dependent of the previous kernel of the plan (sm_90: it may be scheduled
+            before that one completes; its first statement waits for it, see :func:`_chain`).
     """
 
     name: str
@@ -122,6 +130,7 @@ class KernelSource:
     coop: bool = False
     min_ctas: int = 0
     max_spill: int = 0
+    pdl: bool = False
 
 
 class _Src:
@@ -507,13 +516,15 @@ class _Inner(_Kernel):
         inner = self.inner
         ys = [g.new("y") for _ in range(V)]
         xsc = " * scl" if raw and self.scaled and self.p.stat == "norm" else ""
+        # b is a per-row shift (or 0): with a scale along the row it comes after that scale, y = x^ * s + b
+        late_b = " + b" if var["scale"] and var["shift"] is False else ""
         for j in range(V):
-            g(f"{ys[j]} = ({xs[j]}{xsc} - mean) * a + b")
+            g(f"{ys[j]} = ({xs[j]}{xsc} - mean) * a" + ("" if var["scale"] else " + b"))
         if var["scale"]:
             sc = params[0] if params else self.load_param(g, "scale", f"sb + {offs['scale']}", inner.scale,
                                                          self.p.scale_vec, V)
             for j in range(V):
-                g(f"{ys[j]} = {ys[j]} * {sc[j]}")
+                g(f"{ys[j]} = {ys[j]} * {sc[j]}{late_b}")
         if var["shift"]:
             sh = params[1] if params else self.load_param(g, "shift", f"hb + {offs['shift']}", inner.shift,
                                                          self.p.shift_vec, V)
@@ -713,8 +724,9 @@ class _Inner(_Kernel):
         1. Each thread loads its E flat V-wide vectors (vector ``e * T + tid`` of the chunk: a warp reads 32
            consecutive vectors) and stores the float32 values to shared memory; a tensor whose size is not
            whole vectors has its last few elements loaded one by one.
-        2. One thread per row reads the row's L values, takes its mean and variance in two passes over them
-           (or its mean square), writes the statistics, and writes y back in place: ``(x - mean) * rstd``,
+        2. One thread per row reads the row's L values, takes its mean and variance in two passes over them,
+           shifted by the row's first value (or its mean square), writes the statistics, and writes y back in
+           place: ``(x - mean) * rstd``,
            then the scale and shift of its column (staged in shared memory too: they vary along the row only).
         3. Each thread stores its E vectors of y from shared memory, as it loaded them.
 
@@ -783,12 +795,17 @@ class _Inner(_Kernel):
                     g(f"{k} = {k} + ({k} >> I32(5))")
                     g(f"{nm} = lds_f32(sb, {k})")
                 if p.stat == "norm":
+                    # shifted by the row's first value (the pivot), as the persistent kernel: a mean far
+                    # from the spread (1e4 + N(0, 1)) and values near FLT_MAX lose nothing to the sums
+                    g(f"pv = {vs[0]}")
+                    for nm in vs:
+                        g(f"{nm} = {nm} - pv")
                     g(f"n = F32({float(L)!r})")
                     g("mean = (" + " + ".join(vs) + ") / n")
                     g("m2 = " + " + ".join(f"({nm} - mean) * ({nm} - mean)" for nm in vs))
                 else:
                     g("q = " + " + ".join(f"{nm} * {nm}" for nm in vs))
-                self.finish_stats(g, "True")
+                self.finish_stats(g, "True", shifted=True)
                 for j, (nm, k) in enumerate(zip(vs, ks)):
                     y = f"({nm} - mean) * rstd"
                     if "scale" in params:
@@ -1779,13 +1796,34 @@ def generate(plan) -> list[KernelSource]:
             return _streaming([k.looped()])
         if plan.schedule == "coop":
             return k.coop()
-        return _streaming(k.split())
+        return _chain(_streaming(k.split()))
     k = _Outer(plan)
     if plan.schedule == "split":
-        return _streaming(k.split())
+        return _chain(_streaming(k.split()))
     if plan.schedule == "persistent":
         return [k.persistent()]
     return _streaming([k.looped()])
+
+
+def _chain(kernels):
+    """The kernels of a split schedule chained by programmatic dependent launch (``PDL``): every kernel but
+    the first waits for the one before it as its first statement and is marked ``pdl`` (the runtime launches
+    it with programmatic stream serialization); every kernel but the last lets its dependent be scheduled
+    once all its CTAs have started. Both instructions are no-ops in a launch without the attribute, and the
+    first kernel is launched as usual, after everything before it in the stream."""
+    if not PDL or len(kernels) < 2:
+        return kernels
+    out = []
+    for i, ks in enumerate(kernels):
+        calls = (["griddep_wait()  # the previous kernel has completed (programmatic dependent launch)"]
+                 if i > 0 else [])
+        if i < len(kernels) - 1:
+            calls.append("griddep_launch_dependents()  # the next kernel may be scheduled")
+        head, body = ks.source.split("\n", 1)
+        assert head.startswith("def "), head
+        src = "\n".join([head] + ["    " + c for c in calls] + [body])
+        out.append(replace(ks, source=src, pdl=i > 0))
+    return out
 
 
 def _streaming(kernels):

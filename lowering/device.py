@@ -293,6 +293,29 @@ def cluster_wait(typingctx):
 
 
 @intrinsic
+def griddep_wait(typingctx):
+    """Programmatic dependent launch (sm_90): wait until the grid this one depends on has completed and its
+    memory writes are visible (``griddepcontrol.wait``). A no-op in a grid launched without the attribute."""
+    def codegen(context, builder, signature, args):
+        _asm(builder, "griddepcontrol.wait;", "~{memory}", ir.VoidType(), [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@intrinsic
+def griddep_launch_dependents(typingctx):
+    """Programmatic dependent launch (sm_90): let the grid that depends on this one be scheduled once every
+    CTA of this grid has issued this (``griddepcontrol.launch_dependents``); it still waits for this grid's
+    completion before reading anything (:func:`griddep_wait`). A no-op without a dependent grid."""
+    def codegen(context, builder, signature, args):
+        _asm(builder, "griddepcontrol.launch_dependents;", "~{memory}", ir.VoidType(), [])
+        return context.get_dummy_value()
+
+    return types.void(), codegen
+
+
+@intrinsic
 def smem_base(typingctx, arr):
     """32-bit shared-window address (bytes) of the first element of the float32 shared array ``arr``, for
     :func:`lds_f32` / :func:`sts_f32`. Indexing the array itself costs 64-bit address arithmetic per access
@@ -472,7 +495,8 @@ def namespace() -> dict:
     ns = {
         "cuda": cuda, "I64": int64, "I32": int32, "F32": float32, "F32T": float32, "rsqrt": rsqrt,
         "shfl_xor": shfl_xor, "shfl_idx": shfl_idx, "cluster_arrive": cluster_arrive, "cluster_wait": cluster_wait,
-        "dsmem_ld": dsmem_ld, "smem_base": smem_base, "lds_f32": lds_f32, "sts_f32": sts_f32,
+        "dsmem_ld": dsmem_ld, "griddep_wait": griddep_wait, "griddep_launch_dependents": griddep_launch_dependents,
+        "smem_base": smem_base, "lds_f32": lds_f32, "sts_f32": sts_f32,
         "arrive_u32": arrive_u32, "acquire_u32": acquire_u32, "ldcg_f32": ldcg_f32,
         "min": min, "max": max, "range": range,
     }

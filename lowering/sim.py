@@ -182,6 +182,14 @@ def dsmem_ld(arr, i, rank):
     return arr.base[int(rank) * len(arr) + int(i)]
 
 
+def griddep_wait():
+    """Simulator: kernels run one after another; nothing to wait for."""
+
+
+def griddep_launch_dependents():
+    """Simulator: no dependent launch to release."""
+
+
 def smem_base(arr):
     """Simulator: the shared array itself stands for its address."""
     return arr
@@ -217,7 +225,8 @@ def namespace(cluster=1, threads=1, blocks=1) -> dict:
         "cuda": cuda if cluster == 1 else _ClusterCuda(cluster, threads, blocks), "I64": _i64, "I32": _i64, "F32": np.float32,
         "F32T": np.float32, "rsqrt": rsqrt, "shfl_xor": shfl_xor, "shfl_idx": shfl_idx,
         "cluster_arrive": cluster_arrive, "cluster_wait": cluster_wait, "dsmem_ld": dsmem_ld,
-        "smem_base": smem_base, "lds_f32": lds_f32, "sts_f32": sts_f32,
+        "smem_base": smem_base, "lds_f32": lds_f32, "sts_f32": sts_f32, "griddep_wait": griddep_wait,
+        "griddep_launch_dependents": griddep_launch_dependents,
         "arrive_u32": arrive_u32, "acquire_u32": acquire_u32, "ldcg_f32": _make_ld("f32", 1),
         "min": min, "max": max, "range": range,
     }

@@ -197,6 +197,9 @@ STAGED_MAX_ROW_BYTES_16BIT = 16
 # values: E = 5 holds 512 rows exactly, two per thread).
 STAGED_THREADS = 256
 STAGED_VECTORS = (2, 8)
+# ... within the static shared memory a kernel may declare (48 KiB): the padded chunk (33 words per 32) plus
+# scale and shift. 16-bit rows of 7 values once took E = 7 (58 KiB) and failed to assemble.
+STAGED_MAX_SHARED_BYTES = 48 * 1024
 # Default multiprocessor count when planning without a GPU: H100/H200 SXM have 132 SMs.
 DEFAULT_SMS = 132
 
@@ -539,7 +542,8 @@ def _staged_tiling(p, dbytes, unit):
     fits = []
     for E in range(STAGED_VECTORS[0], STAGED_VECTORS[1] + 1):
         R = (STAGED_THREADS * E * V // L) // m * m
-        if R >= 1:
+        words = STAGED_THREADS * E * V
+        if R >= 1 and 4 * (words + words // 32 + 2 * L) <= STAGED_MAX_SHARED_BYTES:
             # fewest wasted vector slots plus idle threads of the row step (its last round of R / T rows may
             # be partly filled: 4M x 30 float16 once had 272 rows, a second round for 16 threads); among
             # equals, the E nearest 4 (enough loads in flight, few registers)
@@ -547,6 +551,17 @@ def _staged_tiling(p, dbytes, unit):
             waste = 1 - R * L / (STAGED_THREADS * E * V) + 1 - R / (rounds * STAGED_THREADS)
             fits.append((round(waste, 9), abs(E - 4), E, R))
     return (V, min(fits)[2], min(fits)[3]) if fits else None
+
+
+def _staged_rejection(plan) -> str:
+    """Why an inner plan over one kept axis did not take the staged schedule (for ``explain``)."""
+    isz = ITEMSIZE[plan.x_dtype]
+    limit = STAGED_MAX_ROW_BYTES_16BIT if isz == 2 else STAGED_MAX_ROW_BYTES
+    if plan.x_dtype == "bfloat16":
+        return "bfloat16 statistics are scaled (accuracy.md); the staged kernel does not scale them"
+    if plan.reduced * isz > min(limit, STAGED_MAX_ROW_BYTES):
+        return f"rows of {plan.reduced * isz} B are longer than it takes (<= {min(limit, STAGED_MAX_ROW_BYTES)} B)"
+    return "the rows are not one contiguous, 16-byte aligned run of x and out, or scale/shift vary per row"
 
 
 def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
@@ -724,6 +739,9 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
     if force == "coop":
         why.append(f"the coop schedule exists for the inner strategy only: not forced ({strategy})")
         force = None
+    if force == "staged":
+        why.append(f"the staged schedule exists for the inner strategy only: not forced ({strategy})")
+        force = None
     sms = common["sms"]
     x_bytes = p.kept * p.reduced * dbytes["x"]
     block = list(axes[-2:]) if strategy == "mixed" else [axes[-1]]
@@ -887,6 +905,13 @@ def rejected(plan: Plan) -> list:
             why = "the (kept x reduced) block is wider than one CTA can cover"
         out.append(f"mixed: {why}")
     # schedules
+    if plan.schedule == "staged":
+        out.append(f"persistent, looped, split: rows of {plan.reduced} values ({plan.reduced * isz} B) would give each "
+                   "row vectors no wider than its own alignment and leave lanes idle; the rows are one contiguous "
+                   "run, so the staged schedule moves them as flat 16-byte vectors instead (x read once)")
+        return out
+    if plan.schedule == "persistent" and plan.strategy == "inner" and len(axes) == 2:
+        out.append(f"staged: {_staged_rejection(plan)}")
     if plan.schedule != "persistent":
         l2 = [w for w in plan.why if "fit in L2" in w]
         cl = "" if _clusters_ok(plan.arch) else f" (clusters need sm_90+, the target is {plan.arch})"

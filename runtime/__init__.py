@@ -484,7 +484,7 @@ class Compiled:
         gpu.set_device(xi.device)
         while True:
             kernels = [gpu.Loaded(k["ptx"], k.get("cubin"), k["entry"], k["grid"], k["block"], k.get("cluster", 1),
-                                  k.get("coop", False))
+                                  k.get("coop", False), k.get("pdl", False))
                        for k in compiled_kernels(plan, cc)]
             if plan.cluster <= 1 or all(k.clusters_fit() for k in kernels):
                 break
@@ -677,7 +677,7 @@ def compiled_kernels(plan, cc) -> list:
         for k in lower(plan, arch=cc):
             kernels.append({"ptx": k.ptx, "cubin": gpu.link_cubin(k.ptx, cc), "entry": k.entry,
                             "grid": k.grid, "block": k.block, "shared_bytes": k.shared_bytes,
-                            "cluster": k.cluster, "coop": k.coop})
+                            "cluster": k.cluster, "coop": k.coop, "pdl": k.pdl})
         summary = (f"{plan.strategy}/{plan.schedule} {plan.kept}x{plan.reduced} {plan.x_dtype} stat={plan.stat} "
                    f"vec={plan.vec} sm_{cc[0]}{cc[1]}")
         payload = {"kernels": kernels, "summary": summary}

@@ -10,6 +10,7 @@ if that fails the driver JIT-compiles the PTX; if both fail a :class:`normc.Comp
 from __future__ import annotations
 
 import functools
+import os
 import threading
 
 from ..errors import ArgumentError, CompileError
@@ -151,13 +152,19 @@ def _allow_non_portable_cluster(kernel):
         raise CompileError(f"could not allow a non-portable cluster size for the kernel ({err})")
 
 
+# Launch the kernels a plan marks ``pdl`` (the second and third of split schedules) as programmatic dependents
+# of the kernel before them (normc.lowering.codegen.PDL). NORMC_PDL=0 launches them as ordinary kernels; the
+# kernels are the same either way (their griddepcontrol instructions are then no-ops).
+PDL = os.environ.get("NORMC_PDL", "1") != "0"
+
+
 class Loaded:
     """A kernel loaded on one device: ``loaded.launcher(stream_handle, *pointers)`` launches it."""
 
     __slots__ = ("kernel", "config", "entry", "cluster_allowed")
 
     def __init__(self, ptx: str, cubin: bytes | None, entry: str, grid: int, block: int, cluster: int = 1,
-                 coop: bool = False):
+                 coop: bool = False, pdl: bool = False):
         errors = []
         kernel = None
         if cubin:
@@ -196,6 +203,11 @@ class Loaded:
         elif cluster > 1:
             # cuda.core counts the grid in clusters when a cluster shape is given
             self.config = LaunchConfig(grid=grid // cluster, cluster=cluster, block=block)
+        elif pdl and PDL:
+            try:  # programmatic dependent launch: cuda-core >= 0.4 (older ones launch it as usual)
+                self.config = LaunchConfig(grid=grid, block=block, programmatic_stream_serialization=True)
+            except TypeError:
+                self.config = LaunchConfig(grid=grid, block=block)
         else:
             self.config = LaunchConfig(grid=grid, block=block)
 

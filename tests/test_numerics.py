@@ -33,6 +33,7 @@ NHWC = [0, 2, 3, 1]
 # stream with 512-thread CTAs (slow on the simulator), so those rows are short.
 CASES = {
     "inner-persistent": (LN, {}, (3, 24), None, None),
+    "inner-staged": (LN, {}, (37, 6), None, "staged"),
     "inner-looped": (LN, {}, (1, 64), None, "looped"),
     "inner-split": (LN, {}, (1, 64), None, "split"),
     "outer-persistent": (IN2, {}, (2, 4, 3, 4), NHWC, None),
@@ -56,6 +57,7 @@ NAMES_NO_INNER_SPLIT = [n for n in NAMES if n != "inner-split"]
 
 # Longer outer/mixed reductions (more y-threads whose partials are merged) for the large-mean test.
 LARGE_MEAN_SHAPES = {
+    "inner-staged": (257, 3),  # three values a row: without the pivot, y was off by 1.3e-2 of max|y|
     "outer-persistent": (1, 4, 16, 16), "outer-looped": (1, 8, 12, 12), "outer-split": (1, 8, 12, 12),
     "mixed-persistent": (1, 4, 12, 12), "mixed-looped": (1, 4, 12, 12), "mixed-split": (1, 4, 12, 12),
 }
@@ -252,7 +254,9 @@ def check_near_max_stats(x, mean, rstd, rm, rr):
 # the simulator time down (a split or outer cluster case costs 10-20 s).
 RMS_NEAR_MAX = ["inner-persistent", "inner-looped", "outer-persistent", "outer-looped", "outer-split",
                 "mixed-persistent", "mixed-looped", "inner-cluster"]
-NEAR_MAX = [(n, "norm") for n in NAMES + list(CLUSTER_CASES)] + [(n, "rms") for n in RMS_NEAR_MAX]
+# bfloat16 never plans the staged schedule (its statistics are scaled; the staged kernel does not scale)
+NEAR_MAX = ([(n, "norm") for n in NAMES + list(CLUSTER_CASES) if n != "inner-staged"]
+            + [(n, "rms") for n in RMS_NEAR_MAX])
 
 
 @pytest.mark.parametrize("name,stat", NEAR_MAX, ids=[f"{n}-{s}" for n, s in NEAR_MAX])

@@ -85,11 +85,34 @@ def test_hinted_16bit_rows_of_every_vector_width_assemble(dtype, n, vec):
     assert "ld.global.cs" in ptx and "st.global.cs" in ptx
 
 
-@pytest.mark.parametrize("dtype, shape", [("float16", (1001, 6)), ("float32", (12345, 3)), ("float32", (7, 10))])
+@pytest.mark.parametrize("dtype, shape", [("float16", (1001, 6)), ("float16", (100000, 7)), ("float16", (9, 3)),
+                                          ("float32", (12345, 3)), ("float32", (7, 10)), ("float32", (5000, 13))])
 def test_staged_short_rows_assemble(dtype, shape):
+    """Staged kernels assemble within 48 KiB of static shared memory (float16 rows of 7 values once asked
+    for 58 KiB) and within registers."""
     plan = plan_for(normc.spec("t d : norm over d ; scale d ; shift d"), shape, dtype, stats=True)
     assert plan.schedule == "staged", plan.describe()
     check_kernels(plan)
+
+
+@pytest.mark.parametrize("i", [9, 36, 54], ids=["outer-split", "inner-split", "mixed-split"])
+def test_split_kernels_chained_by_programmatic_dependent_launch(i):
+    """Every kernel of a split but the first is launched as a programmatic dependent and waits for the kernel
+    before it first; every kernel but the last releases its dependent; nothing else carries either."""
+    r = ROWS[i]
+    plan = plan_for(_row_spec(r), r["shape"], r["dtype"], layout=r["memory_perm"], stats=True)
+    assert plan.schedule == "split"
+    ks = check_kernels(plan)
+    n = len(ks)
+    assert [k.pdl for k in ks] == [j > 0 for j in range(n)]
+    assert [ks[j].ptx.count("griddepcontrol.wait;") for j in range(n)] == [int(j > 0) for j in range(n)]
+    assert [ks[j].ptx.count("griddepcontrol.launch_dependents;") for j in range(n)] == [int(j < n - 1) for j in range(n)]
+    for j in range(1, n):  # the wait comes before the kernel's first global load
+        body = ks[j].ptx[ks[j].ptx.index(".entry"):]
+        assert body.index("griddepcontrol.wait;") < body.index("ld.global")
+    single = plan_for(_row_spec(ROWS[0]), ROWS[0]["shape"], ROWS[0]["dtype"], layout=ROWS[0]["memory_perm"])
+    (k,) = lower(single)
+    assert not k.pdl and "griddepcontrol" not in k.ptx
 
 
 FORCED = [

@@ -108,6 +108,33 @@ def test_inner_staged_short_rows(shape, dtype, spec):
         assert plan.grid >= 2
 
 
+@pytest.mark.parametrize("text, shape, schedule", [
+    ("t d : norm over d ; scale d ; shift t", (5, 40), None),
+    ("t d : rms over d ; scale d ; shift t", (5, 40), None),
+    ("t d : norm over d ; scale d ; shift t", (2, 300), "looped"),
+    ("n c l : norm over l ; scale l ; shift c", (2, 3, 40), None),
+])
+def test_per_row_shift_after_a_scale_along_the_row(text, shape, schedule):
+    """y = x^ * scale[d] + shift[t]: the per-row shift is added after the scale along the row (it was once
+    folded in before it, giving (x^ + shift) * scale)."""
+    run_case(normc.spec(text), make_x(shape, "float32"), schedule=schedule,
+             expect=("inner", schedule or "persistent"))
+
+
+def test_inner_staged_constant_rows_near_float32_max():
+    """Constant rows of 1e38 (their sum overflows float32): mean = the constant, y = shift, as the persistent
+    schedule gives (the staged kernel sums values minus the row's first one)."""
+    x = np.full((5, 4), 1e38, np.float32)
+    x[2] = -3e38
+    sh = np.arange(1, 5, dtype=np.float32)
+    f = normc.compile("t d : norm over d ; shift d")
+    y, mean, rstd = f(x, shift=sh, return_stats=True)
+    assert only_plan(f).schedule == "staged"
+    np.testing.assert_array_equal(y, np.broadcast_to(sh, x.shape))
+    np.testing.assert_array_equal(mean, x[:, 0])
+    np.testing.assert_allclose(rstd, 1 / np.sqrt(1e-5), rtol=1e-6)
+
+
 def test_inner_staged_wider_out_dtype():
     """float16 x, float32 y: the flat vectors are as wide as 16 bytes of the wider dtype (4 elements)."""
     x = make_x((301, 6), "float16")
