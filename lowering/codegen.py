@@ -62,7 +62,10 @@ STAGED_SM_THREADS = 1024
 # first is launched so that it may be scheduled once every CTA of the kernel before it has started, and waits
 # (griddepcontrol.wait) as its first statement until that kernel has completed and its writes are visible.
 # Its CTAs then take the SM slots the previous kernel's last wave frees instead of being launched after the
-# whole grid drains (CUDA programming guide, "Programmatic Dependent Launch and Synchronization").
+# whole grid drains (CUDA programming guide, "Programmatic Dependent Launch and Synchronization"). Measured on
+# the H200 (2026-12-02, one run, NORMC_PDL=0 -> 1): NDHWC instance norm (2, 128, 32^3) float16 26.2 -> 25.0
+# us, (2, 64, 64^3) float32 114.5 -> 114.0, NHWC group norm (8, 320, 64, 64) float16 39.4 -> 38.5, NHWC
+# (1, 128, 160, 160) float32 20.5 -> 19.7.
 PDL = 1
 # Split, column-major second kernel (layer/RMS norm): at most this many rows, whose means and factors it
 # keeps in shared memory (3 floats each); split plans have fewer rows than SMs unless forced.
