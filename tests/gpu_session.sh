@@ -6,6 +6,8 @@
 # bench = normc bench over the anchor table into docs/perf-style reports (resumable: copy docs/perf/bench.json
 # into $out/perf first to continue a run); sanitize = compute-sanitizer over every strategy x schedule;
 # examples = every example that needs a GPU (carry the platformdirs wheel in .whl: the image lacks it). T_TESTS and T_SAN (seconds) bound the tests and the sanitizer.
+# The device tool returns at most 8 files from $OUT (../.library/device/README.md): "all" writes more (test
+# and sanitizer logs, bench.json/.md/.png), so run the bench in its own call or copy what matters first.
 set -uo pipefail
 out="${OUT:-gpu-out}"
 mkdir -p "$out"

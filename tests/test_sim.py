@@ -158,6 +158,13 @@ def test_inner_staged_not_forced_where_it_does_not_apply():
         plan = only_plan(f)
         assert plan.schedule == "persistent"
         assert any("not forced" in w for w in plan.why)
+    # a transposed x puts a kept axis innermost: the outer strategy, which has no staged schedule
+    f = normc.compile(LN, schedule="staged")
+    x = np.ascontiguousarray(make_x((6, 5), "float32").T).T
+    f(x, *_params(_spec(LN), x.shape, "float32", np.random.default_rng(2)))
+    plan = only_plan(f)
+    assert plan.strategy == "outer" and any("staged schedule exists for the inner strategy only" in w
+                                            for w in plan.why)
 
 
 def test_inner_persistent_rms_bf16():
