@@ -1799,22 +1799,25 @@ def generate(plan) -> list[KernelSource]:
             return _streaming([k.looped()])
         if plan.schedule == "coop":
             return k.coop()
-        return _chain(_streaming(k.split()))
+        return _chain(_streaming(k.split()), plan.arch)
     k = _Outer(plan)
     if plan.schedule == "split":
-        return _chain(_streaming(k.split()))
+        return _chain(_streaming(k.split()), plan.arch)
     if plan.schedule == "persistent":
         return [k.persistent()]
     return _streaming([k.looped()])
 
 
-def _chain(kernels):
-    """The kernels of a split schedule chained by programmatic dependent launch (``PDL``): every kernel but
-    the first waits for the one before it as its first statement and is marked ``pdl`` (the runtime launches
-    it with programmatic stream serialization); every kernel but the last lets its dependent be scheduled
-    once all its CTAs have started. Both instructions are no-ops in a launch without the attribute, and the
-    first kernel is launched as usual, after everything before it in the stream."""
-    if not PDL or len(kernels) < 2:
+def _chain(kernels, arch):
+    """The kernels of a split schedule chained by programmatic dependent launch (``PDL``; sm_90 and newer:
+    ``arch`` is the plan's target, older targets get the kernels unchanged): every kernel but the first
+    waits for the one before it as its first statement and is marked ``pdl`` (the runtime launches it with
+    programmatic stream serialization); every kernel but the last lets its dependent be scheduled once all
+    its CTAs have started. Both instructions are no-ops in a launch without the attribute, and the first
+    kernel is launched as usual, after everything before it in the stream."""
+    from . import arch_cc
+
+    if not PDL or len(kernels) < 2 or arch_cc(arch) < (9, 0):
         return kernels
     out = []
     for i, ks in enumerate(kernels):

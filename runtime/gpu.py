@@ -204,7 +204,7 @@ class Loaded:
             # cuda.core counts the grid in clusters when a cluster shape is given
             self.config = LaunchConfig(grid=grid // cluster, cluster=cluster, block=block)
         elif pdl and PDL:
-            try:  # programmatic dependent launch: cuda-core >= 0.4 (older ones launch it as usual)
+            try:  # programmatic dependent launch, where this cuda-core's LaunchConfig has it (else as usual)
                 self.config = LaunchConfig(grid=grid, block=block, programmatic_stream_serialization=True)
             except TypeError:
                 self.config = LaunchConfig(grid=grid, block=block)

@@ -115,6 +115,20 @@ def test_split_kernels_chained_by_programmatic_dependent_launch(i):
     assert not k.pdl and "griddepcontrol" not in k.ptx
 
 
+def test_split_kernels_before_sm90_are_not_chained():
+    """griddepcontrol needs sm_90: a split planned for sm_80 has neither instruction and assembles there."""
+    r = ROWS[36]
+    spec = _row_spec(r)
+    strides = layout_strides(spec, r["shape"], r["memory_perm"])
+    prob = make_problem(spec, r["shape"], strides, dense_like(r["shape"], strides), x_dtype=r["dtype"])
+    plan = make_plan(prob, arch="sm_80")
+    assert plan.schedule == "split"
+    ks = lower(plan)
+    assert not any(k.pdl or "griddepcontrol" in k.ptx for k in ks)
+    for k in ks:
+        assert assemble(k.ptx, "sm_80")[0]
+
+
 FORCED = [
     ("t d : norm over d ; scale d ; shift d", (64, 4096), "bfloat16", None),
     ("t d : rms over d ; scale d", (8, 8192), "float16", None),
