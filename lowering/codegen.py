@@ -729,8 +729,8 @@ class _Inner(_Kernel):
            whole vectors has its last few elements loaded one by one.
         2. One thread per row reads the row's L values, takes its mean and variance in two passes over them,
            shifted by the row's first value (or its mean square), writes the statistics, and writes y back in
-           place: ``(x - mean) * rstd``,
-           then the scale and shift of its column (staged in shared memory too: they vary along the row only).
+           place: ``(x - mean) * rstd``, then the scale and shift of its column (staged in shared memory too:
+           they vary along the row only).
         3. Each thread stores its E vectors of y from shared memory, as it loaded them.
 
         Shared memory is padded by one word every 32 (word ``i`` at ``i + i // 32``), so the V-word runs of
@@ -744,8 +744,14 @@ class _Inner(_Kernel):
         self.prologue(g, "normc_inner_staged")
         self.smem(g, "sx", W + W // 32)
 
-        def at(i):
+        def at(i):  # padded shared index of word i
             return f"{i} + ({i} >> I32(5))"
+
+        def vector_at(e):  # chunk element of this thread's vector e
+            return f"(t32 + I32({e * T})) * I32({V})"
+
+        def x_at(li):  # global element offset of a vector (clamped into the chunk when masked off)
+            return f"f0 + max(min({li}, lim - {V}), 0)"
 
         g("sb = smem_base(sx)")
         # scale and shift (they vary along the row only) in shared memory: the row step reads column j of
@@ -768,10 +774,10 @@ class _Inner(_Kernel):
         pbs, oks = [], []
         for e in range(E):
             li, ok = g.new("li"), g.new("ok")
-            g(f"{li} = (t32 + I32({e * T})) * I32({V})")
+            g(f"{li} = {vector_at(e)}")
             g(f"{ok} = {li} + {V} <= lim")
             names = [g.new("x") for _ in range(V)]
-            self.load_x(g, names, f"f0 + max(min({li}, lim - {V}), 0)", ok)
+            self.load_x(g, names, x_at(li), ok)
             pb = g.new("pb")
             g(f"{pb} = {at(li)}  # V-aligned: the V words share one padding")
             for j, nm in enumerate(names):
@@ -795,7 +801,7 @@ class _Inner(_Kernel):
                 ks = [g.new("k") for _ in range(L)]
                 for j, (nm, k) in enumerate(zip(vs, ks)):
                     g(f"{k} = rb + I32({j})")
-                    g(f"{k} = {k} + ({k} >> I32(5))")
+                    g(f"{k} = {at(k)}")
                     g(f"{nm} = lds_f32(sb, {k})")
                 if p.stat == "norm":
                     # shifted by the row's first value (the pivot), as the persistent kernel: a mean far
@@ -821,7 +827,7 @@ class _Inner(_Kernel):
             ys = [g.new("y") for _ in range(V)]
             for j, nm in enumerate(ys):
                 g(f"{nm} = lds_f32(sb, {pb} + I32({j}))")
-            self.store_out(g, ys, f"f0 + max(min(I64((t32 + I32({e * T})) * I32({V})), lim - {V}), 0)", ok)
+            self.store_out(g, ys, x_at(f"I64({vector_at(e)})"), ok)  # recomputed: nothing held over step 2
         with g.block("if rem != 0 and t32 < rem:"):
             g("k = I32(lim) - rem + t32")
             g(f"st1_{self.ot}(op, f0 + k, lds_f32(sb, {at('k')}))")

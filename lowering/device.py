@@ -272,35 +272,33 @@ def _asm(builder, text, constraints, ret, args):
     return builder.call(ir.InlineAsm(fnty, text, constraints, side_effect=True), args)
 
 
+def _asm_statement(text):
+    """Codegen of a void intrinsic that emits the PTX statement ``text`` (volatile, memory clobbered: no load or
+    store moves across it)."""
+    def codegen(context, builder, signature, args):
+        _asm(builder, text, "~{memory}", ir.VoidType(), [])
+        return context.get_dummy_value()
+
+    return codegen
+
+
 @intrinsic
 def cluster_arrive(typingctx):
     """Arrive at the cluster barrier (release: this thread's earlier shared-memory writes become visible)."""
-    def codegen(context, builder, signature, args):
-        _asm(builder, "barrier.cluster.arrive.release.aligned;", "~{memory}", ir.VoidType(), [])
-        return context.get_dummy_value()
-
-    return types.void(), codegen
+    return types.void(), _asm_statement("barrier.cluster.arrive.release.aligned;")
 
 
 @intrinsic
 def cluster_wait(typingctx):
     """Wait until every thread of the cluster has arrived (acquire)."""
-    def codegen(context, builder, signature, args):
-        _asm(builder, "barrier.cluster.wait.acquire.aligned;", "~{memory}", ir.VoidType(), [])
-        return context.get_dummy_value()
-
-    return types.void(), codegen
+    return types.void(), _asm_statement("barrier.cluster.wait.acquire.aligned;")
 
 
 @intrinsic
 def griddep_wait(typingctx):
     """Programmatic dependent launch (sm_90): wait until the grid this one depends on has completed and its
     memory writes are visible (``griddepcontrol.wait``). A no-op in a grid launched without the attribute."""
-    def codegen(context, builder, signature, args):
-        _asm(builder, "griddepcontrol.wait;", "~{memory}", ir.VoidType(), [])
-        return context.get_dummy_value()
-
-    return types.void(), codegen
+    return types.void(), _asm_statement("griddepcontrol.wait;")
 
 
 @intrinsic
@@ -308,11 +306,7 @@ def griddep_launch_dependents(typingctx):
     """Programmatic dependent launch (sm_90): let the grid that depends on this one be scheduled once every
     CTA of this grid has issued this (``griddepcontrol.launch_dependents``); it still waits for this grid's
     completion before reading anything (:func:`griddep_wait`). A no-op without a dependent grid."""
-    def codegen(context, builder, signature, args):
-        _asm(builder, "griddepcontrol.launch_dependents;", "~{memory}", ir.VoidType(), [])
-        return context.get_dummy_value()
-
-    return types.void(), codegen
+    return types.void(), _asm_statement("griddepcontrol.launch_dependents;")
 
 
 @intrinsic

@@ -517,6 +517,12 @@ def _param_vec(p, axes, vec, dbytes, which, block):
     )
 
 
+def _staged_max_row_bytes(itemsize) -> int:
+    """Longest row (bytes) the staged schedule takes for x of ``itemsize`` bytes (0 for none when
+    STAGED_MAX_ROW_BYTES is 0, 16-bit x included)."""
+    return min(STAGED_MAX_ROW_BYTES_16BIT if itemsize == 2 else STAGED_MAX_ROW_BYTES, STAGED_MAX_ROW_BYTES)
+
+
 def _staged_tiling(p, dbytes, unit):
     """(V, E, R): flat vector width, vectors per thread and rows per CTA of the staged schedule, or None where
     it does not apply: the problem must be one kept axis of contiguous rows (x and out), at most
@@ -530,8 +536,7 @@ def _staged_tiling(p, dbytes, unit):
     L = p.reduced
     k = axes[0]
     wide = max(dbytes["x"], dbytes["out"])
-    limit = STAGED_MAX_ROW_BYTES_16BIT if dbytes["x"] == 2 else STAGED_MAX_ROW_BYTES
-    if k.x != L or k.out != L or L * dbytes["x"] > min(limit, STAGED_MAX_ROW_BYTES) or p.kept < 1:
+    if k.x != L or k.out != L or L * dbytes["x"] > _staged_max_row_bytes(dbytes["x"]) or p.kept < 1:
         return None
     if any(getattr(p, f"{w}_dtype") is not None and k.stride(w) != 0 for w in ("scale", "shift")):
         return None
@@ -556,11 +561,10 @@ def _staged_tiling(p, dbytes, unit):
 def _staged_rejection(plan) -> str:
     """Why an inner plan over one kept axis did not take the staged schedule (for ``explain``)."""
     isz = ITEMSIZE[plan.x_dtype]
-    limit = STAGED_MAX_ROW_BYTES_16BIT if isz == 2 else STAGED_MAX_ROW_BYTES
     if plan.x_dtype == "bfloat16":
         return "bfloat16 statistics are scaled (accuracy.md); the staged kernel does not scale them"
-    if plan.reduced * isz > min(limit, STAGED_MAX_ROW_BYTES):
-        return f"rows of {plan.reduced * isz} B are longer than it takes (<= {min(limit, STAGED_MAX_ROW_BYTES)} B)"
+    if plan.reduced * isz > _staged_max_row_bytes(isz):
+        return f"rows of {plan.reduced * isz} B are longer than it takes (<= {_staged_max_row_bytes(isz)} B)"
     return "the rows are not one contiguous, 16-byte aligned run of x and out, or scale/shift vary per row"
 
 
@@ -575,10 +579,9 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
         force = None  # then planned exactly as without the request
     if staged is not None:
         V, E, R = staged
-        limit = STAGED_MAX_ROW_BYTES_16BIT if dbytes["x"] == 2 else STAGED_MAX_ROW_BYTES
-        why.append(f"short contiguous rows ({p.reduced * dbytes['x']} B <= {limit} B): staged through "
-                   f"shared memory, {STAGED_THREADS} threads x {E} flat {V * dbytes['x']} B vectors = {R} rows per CTA, "
-                   f"one thread per row reduces and normalizes them there")
+        why.append(f"short contiguous rows ({p.reduced * dbytes['x']} B <= {_staged_max_row_bytes(dbytes['x'])} B): "
+                   f"staged through shared memory, {STAGED_THREADS} threads x {E} flat {V * dbytes['x']} B vectors = "
+                   f"{R} rows per CTA, one thread per row reduces and normalizes them there")
         return Plan(
             strategy="inner", schedule="staged", vec=V, scale_vec=False, shift_vec=False,
             threads=STAGED_THREADS, tpr=1, rows_per_cta=R, nxc=0, ry=0, tile=0, group=1, per_thread=E,
