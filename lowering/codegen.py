@@ -506,10 +506,14 @@ class _Inner(_Kernel):
         self.red = [a for a in p.axes if a.reduced]
         self.kep = [a for a in p.axes if not a.reduced]
         self.inner = p.axes[-1]
-        self.NC = p.reduced // self.V
+        self.NC = p.reduced // self.V  # vectors per row (peeled: the most whole vectors a row has)
         self.IV = self.inner.size // self.V  # vectors along the innermost reduced axis
         self.TPR = p.tpr
         self.RPC = p.rows_per_cta
+        # Peeled rows (plan.peel): row_setup moves the bases to the row's first vector boundary and names its
+        # whole vectors nf (a run-time bound); the values around them are the edges (emit_edge_*).
+        self.peel = p.peel
+        self.nvec = "nf" if p.peel else str(self.NC)
 
     # index helpers -------------------------------------------------------------------------------------
     def row_setup(self, g, row_expr, clamp):
@@ -533,6 +537,75 @@ class _Inner(_Kernel):
             self.emit_scale(g, "pv", "scl", "iscl" if p.stats else None)
             if p.stat == "norm":
                 g("pvs = pv * scl")
+        if self.peel:
+            # hl values before the row's first vector boundary (x and out share it: the planner's PEEL), then
+            # nf whole vectors; the bases move to the boundary, xe/oe/se/he keep the row's start for the edges
+            V, L, inner = self.V, self.inner.size, self.inner
+            g(f"hl = ({V} - xb % {V}) % {V}")
+            g(f"nf = ({L} - hl) // {V}")
+            for nm, e, step in (("xb", "xe", 1), ("ob", "oe", 1), ("sb", "se", inner.scale), ("hb", "he", inner.shift)):
+                g(f"{e} = {nm}")
+                g(f"{nm} = {nm} + hl * {step}" if step else f"{nm} = {nm}")
+
+    def edges(self, g, who):
+        """Peeled rows: the up to 2 (V - 1) values around the whole vectors, [(in-row index clamped into the
+        row, condition)], the condition true for values of the row when ``who`` (the thread handling them)."""
+        V, L = self.V, self.inner.size
+        out = []
+        for k in range(V - 1):
+            d, ok = g.new("d"), g.new("ok")
+            g(f"{d} = I64({k})")
+            g(f"{ok} = ({who}) and {k} < hl")
+            out.append((d, ok))
+        for k in range(V - 1):
+            d, ok = g.new("d"), g.new("ok")
+            g(f"{d} = min(hl + nf * {V} + {k}, {L - 1})")
+            g(f"{ok} = ({who}) and hl + nf * {V} + {k} < {L}")
+            out.append((d, ok))
+        return out
+
+    def emit_edge_stats(self, g, who, rms=False):
+        """Peeled rows: fold the edge values into this thread's statistics: norm, the triple (n, mean, m2)
+        of x - pivot (their own two-pass triple, Chan-merged); rms, the sum of squares q."""
+        if not self.peel:
+            return
+        vals = []
+        for d, ok in self.edges(g, who):
+            e = g.new("e")
+            g(f"{e} = ldm1_{self.xt}(xp, xe + {d}, {ok})")
+            vals.append((e, ok))
+        if rms:
+            for e, ok in vals:
+                g(f"q = q + ({e} * scl) * ({e} * scl)" if self.scaled else f"q = q + {e} * {e}")
+            return
+        g("ne = F32(0.0)")
+        g("se_ = F32(0.0)")
+        for e, ok in vals:
+            sh = f"{e} * scl - pvs" if self.scaled else f"{e} - pv"
+            g(f"{e} = sel({ok}, {sh}, F32(0.0))")
+            g(f"ne = ne + F32({ok})")
+            g(f"se_ = se_ + {e}")
+        g("me = se_ / max(ne, F32(1.0))")
+        g("qe = F32(0.0)")
+        for e, ok in vals:
+            g(f"qe = qe + sel({ok}, ({e} - me) * ({e} - me), F32(0.0))")
+        _chan(g, "n", "mean", "m2", "ne", "me", "qe")
+
+    def emit_edge_normalize(self, g, var, who):
+        """Peeled rows: normalize and store the edge values (one at a time, by ``who``)."""
+        if not self.peel:
+            return
+        inner, V = self.inner, self.V
+        edges = self.edges(g, who)
+        self.V = 1  # emit_normalize_vec on single values
+        try:
+            for d, ok in edges:
+                e = g.new("e")
+                g(f"{e} = ldm1_{self.xt}(xp, xe + {d}, {ok})")
+                offs = {"out": d, "scale": f"({d} - hl) * {inner.scale}", "shift": f"({d} - hl) * {inner.shift}"}
+                self.emit_normalize_vec(g, [e], offs, var, ok, raw=True, ob="oe", hint=self.h_y)
+        finally:
+            self.V = V
 
     def chunk_offsets(self, g, c):
         """Offsets (x, out, scale, shift) of vector ``c`` of a row, relative to the row bases."""
@@ -947,12 +1020,14 @@ class _Inner(_Kernel):
                     g(f"q = q + ({nm} * scl) * ({nm} * scl)" if self.scaled else f"q = q + {nm} * {nm}")
 
     def _normalize_loop(self, g, lo, hi, TPR, reverse=False):
+        """Normalize vectors [lo, hi) of the row (backwards when ``reverse``); returns emit_row_affine's var."""
         var = self.emit_row_affine(g)
         U = LOOP_UNROLL  # vectors loaded before any is stored: independent loads in flight
         stream_loop(g, f"{lo} + lane", hi, TPR * U, backwards=reverse)
         for names, o, ok in self.load_trip(g, hi, TPR, U, self.h_last):
             self.emit_normalize_vec(g, names, o, var, ok, raw=True, hint=self.h_y)
         g.ind -= 1
+        return var
 
     def looped(self):
         p = self.p
@@ -962,17 +1037,20 @@ class _Inner(_Kernel):
         g("rloc = 0")
         self.row_setup(g, "bid", False)
         if p.stat == "norm":
-            self._welford_loop(g, "0", str(self.NC), self.TPR)
+            self._welford_loop(g, "0", self.nvec, self.TPR)
+            self.emit_edge_stats(g, "lane == 0")
             self.reduce_triple(g, "n", "mean", "m2", "a")
             if self.scaled:
                 g("mean = mean + pvs  # the loop accumulated x * scl - pv * scl: mean is scaled")
             else:
                 g("mean = mean + pv  # the loop accumulated x - pv")
         else:
-            self._sumsq_loop(g, "0", str(self.NC), self.TPR)
+            self._sumsq_loop(g, "0", self.nvec, self.TPR)
+            self.emit_edge_stats(g, "lane == 0", rms=True)
             self.reduce_sum(g, "q", "a")
         self.finish_stats(g, "lane == 0")
-        self._normalize_loop(g, "0", str(self.NC), self.TPR)
+        var = self._normalize_loop(g, "0", self.nvec, self.TPR)
+        self.emit_edge_normalize(g, var, "lane == 0")
         return KernelSource("normc_inner", g.text(), p.grid, p.threads, self.shared, self.ptypes())
 
     def _partial(self, g, S, L):
@@ -983,12 +1061,14 @@ class _Inner(_Kernel):
         g(f"sp_ = bid % {S}")
         self.row_setup(g, f"bid // {S}", False)
         g(f"lo = sp_ * {L}")
-        g(f"hi = min(lo + {L}, {self.NC})")
+        g(f"hi = min(lo + {L}, {self.nvec})")
         if p.stat == "norm":
             self._welford_loop(g, "lo", "hi", self.TPR)
+            self.emit_edge_stats(g, "lane == 0 and sp_ == 0")
             self.reduce_triple(g, "n", "mean", "m2", "a")
         else:
             self._sumsq_loop(g, "lo", "hi", self.TPR)
+            self.emit_edge_stats(g, "lane == 0 and sp_ == 0", rms=True)
             self.reduce_sum(g, "q", "a")
             g("n = F32(0.0)")
             g("mean = F32(0.0)")
@@ -1028,8 +1108,9 @@ class _Inner(_Kernel):
             self.reduce_sum(g, "q", "b")
         self.finish_stats(g, "lane == 0 and sp_ == 0")
         g(f"lo = sp_ * {L}")
-        g(f"hi = min(lo + {L}, {self.NC})")
-        self._normalize_loop(g, "lo", "hi", self.TPR, reverse=reverse)
+        g(f"hi = min(lo + {L}, {self.nvec})")
+        var = self._normalize_loop(g, "lo", "hi", self.TPR, reverse=reverse)
+        self.emit_edge_normalize(g, var, "lane == 0 and sp_ == 0")
 
     def split(self):
         """Two kernels: partial statistics of every (row, split) slice into the workspace; then each CTA
@@ -1045,7 +1126,7 @@ class _Inner(_Kernel):
         self._partial(g, S, L)
         k1 = KernelSource("normc_inner_partial", g.text(), p.grid, p.threads, self.shared, self.ptypes())
         self.shared = 0
-        if self._row_shared_params():
+        if self._row_shared_params() and not self.peel:  # peeled rows do not share their vectors' alignment
             return [k1, self._finish_columns(S)]
         g = _Src()
         self.prologue(g, "normc_inner_finish", reverse_grid=p.grid)

@@ -17,7 +17,7 @@ Decision tree (``docs/planner.md`` explains it at length; the constants below ca
     - ``looped``: one CTA (or sub-warp) per reduction, Welford over a loop, then a second pass that re-reads x
       (mostly from L2).
     - ``split``: too few reductions to fill the GPU: each reduction is spread over ``splits`` CTAs; kernel 1
-      writes partial Welford statistics to a float32 workspace; then (inner) kernel 2 merges them (Chan) and
+      writes partial statistics (n, mean, M2) to a float32 workspace; then (inner) kernel 2 merges them (Chan) and
       normalizes, or (outer/mixed) kernel 2 merges them once per column tile and kernel 3 normalizes.
     - ``coop`` (inner, only when forced or autotuned): the split's two halves in one cooperative kernel
       over a co-resident grid. A CTA writes its slice's partial statistics, waits on a per-reduction arrival
@@ -200,6 +200,14 @@ STAGED_VECTORS = (2, 8)
 # ... within the static shared memory a kernel may declare (48 KiB): the padded chunk (33 words per 32) plus
 # scale and shift. 16-bit rows of 7 values once took E = 7 (58 KiB) and failed to assemble.
 STAGED_MAX_SHARED_BYTES = 48 * 1024
+# Alignment peeling (1: on) for the streaming inner schedules (looped, split, coop): rows whose length (or
+# stride) is not a multiple of the 16-byte vector start at varying alignments, so pick_vec can only give
+# scalar accesses. Peeled, each row's values before its first 16-byte boundary (at most vec - 1) and after
+# its last whole vector are handled one at a time by one thread, the rest as aligned 16-byte vectors (scale
+# and shift, misaligned against them, are read one value at a time). Needs x and out 16-byte aligned, one
+# contiguous reduced run, and row offsets of x and out equal modulo the vector (the same head in both).
+# Measured on the H200: see docs/performance.md.
+PEEL = 1
 # Default multiprocessor count when planning without a GPU: H100/H200 SXM have 132 SMs.
 DEFAULT_SMS = 132
 
@@ -235,6 +243,9 @@ class Plan:
         splits: CTAs per reduction (split and coop schedules), else 1.
         cluster: CTAs per thread-block cluster sharing one reduction through distributed shared memory
             (persistent schedule on sm_90+), else 1.
+        peel: inner streaming schedules: rows start at varying alignments within a ``vec`` vector (PEEL);
+            each row's first values up to a vector boundary and its last values after its last whole vector
+            are handled one at a time by one thread, the rest as aligned vectors.
         cache_hints: L2 cache hints of the schedules that read x twice (looped, split, coop; ignored by
             persistent ones): 0 none; 1 x's last read and y's stores evict-first (``ld/st.global.cs``), so L2
             keeps the lines of x the second pass has yet to read; 2 also the first read of x evict-last.
@@ -275,6 +286,7 @@ class Plan:
     sms: int
     cluster: int = 1
     cache_hints: int = 0
+    peel: bool = False
     why: tuple = field(default=(), compare=False)
 
     @property
@@ -334,6 +346,9 @@ class Plan:
                 f"tiling:   vec={self.vec} column tile={self.tile} (x-threads={self.nxc}, y-threads={self.ry}) "
                 f"group={self.group} vectors/thread={self.per_thread} splits={self.splits}"
             )
+        if self.peel:
+            lines.append(f"peel:     each row's values before its first {self.vec}-wide boundary and after its last "
+                         "whole vector one at a time (rows start at varying alignments)")
         if self.cluster > 1:
             lines.append(f"cluster:  {self.cluster} CTAs per reduction, partial statistics merged through "
                          "distributed shared memory")
@@ -568,9 +583,25 @@ def _staged_rejection(plan) -> str:
     return "the rows are not one contiguous, 16-byte aligned run of x and out, or scale/shift vary per row"
 
 
-def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
+def _peel_vec(p, dbytes, unit, vec) -> int:
+    """The vector width a peeled plan would use (PEEL), or 0 where peeling does not apply or gains nothing."""
+    inner = p.axes[-1]
+    if not PEEL or not unit or sum(a.reduced for a in p.axes) != 1:
+        return 0
+    V = MAX_VECTOR_BYTES // max(dbytes["x"], dbytes["out"])
+    if V <= vec or inner.size < 2 * V:  # every row keeps at least one whole vector
+        return 0
+    if any(p.align[t] % (V * dbytes[t]) for t in ("x", "out")):
+        return 0
+    if any((a.stride("x") - a.stride("out")) % V for a in p.axes[:-1]):
+        return 0  # x and out rows would start at different offsets within a vector
+    return V
+
+
+def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, peel_vec=0):
     axes = p.axes
     inner = axes[-1]
+    why_in = list(why)  # for the peeled re-plan
     staged = _staged_tiling(p, dbytes, unit) if force in (None, "staged") else None
     if force == "staged" and staged is None:
         why.append("the staged schedule needs one kept axis of contiguous rows of at most "
@@ -587,8 +618,12 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
             threads=STAGED_THREADS, tpr=1, rows_per_cta=R, nxc=0, ry=0, tile=0, group=1, per_thread=E,
             splits=1, grid=-(-p.kept // R), cluster=1, cache_hints=0, why=tuple(why), **common,
         )
-    vec = pick_vec(axes, inner.size, dbytes, p.align) if unit else 1
-    if vec > 1:
+    vec = peel_vec or (pick_vec(axes, inner.size, dbytes, p.align) if unit else 1)
+    if peel_vec:
+        why.append(f"vec={vec} peeled: rows of {inner.size} start at varying alignments; each row's values before "
+                   f"its first {vec * dbytes['x']} B boundary and after its last whole vector are handled one at "
+                   "a time, the rest as aligned vectors")
+    elif vec > 1:
         why.append(f"vec={vec}: {vec * dbytes['x']} B accesses (run {inner.size}, pointers and strides aligned)")
     nc = p.reduced // vec  # vectors per row
     K = p.kept
@@ -648,19 +683,19 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
                 schedule = "looped"
                 why.append(
                     f"row of {p.reduced} exceeds the registers of a {MAX_PERSISTENT_THREADS}-thread CTA; "
-                    f"{K} rows >= {sms} SMs: one CTA per row, Welford loop then re-read"
+                    f"{K} rows >= {sms} SMs: one CTA per row, statistics loop then re-read"
                 )
             elif COOP_DEFAULT:
                 schedule = "coop"
                 why.append(
                     f"only {K} rows (< {sms} SMs) of {p.reduced}: split each row over CTAs of a co-resident "
-                    f"grid, partial Welford to a workspace, then merge and normalize in the same kernel"
+                    f"grid, partial statistics (n, mean, M2) to a workspace, then merge and normalize in the same kernel"
                 )
             else:
                 schedule = "split"
                 why.append(
                     f"only {K} rows (< {sms} SMs) of {p.reduced}: split each row over CTAs, "
-                    f"partial Welford to a workspace, merge and normalize in a second kernel"
+                    f"partial statistics (n, mean, M2) to a workspace, merge and normalize in a second kernel"
                 )
     if (schedule == "persistent" and cluster == 1 and tpr >= INNER_WIDE_THREADS and K < sms
             and force is None and (_clusters_ok(common["arch"]) and bool(csizes))):
@@ -725,15 +760,21 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES):
         grid = -(-K // rpc) * cluster
     blk = [axes[-1]]
     along_row = any(getattr(p, f"{w}_dtype") is not None and inner.stride(w) != 0 for w in ("scale", "shift"))
+    streaming = ("looped", "split", "coop")
+    pv = 0 if peel_vec else _peel_vec(p, dbytes, unit, vec)
+    if schedule in streaming and pv:
+        peeled = _plan_inner(p, common, dbytes, unit, why_in, force, csizes, peel_vec=pv)
+        if peeled.schedule in streaming:
+            return peeled
     hints = _hints("inner", schedule, p.kept * p.reduced * dbytes["x"], why,
                    row_params_16bit=cluster == 1 and dbytes["x"] == 2 and along_row)
     return Plan(
         strategy="inner", schedule=schedule, vec=vec,
-        scale_vec=_param_vec(p, axes, vec, dbytes, "scale", blk),
-        shift_vec=_param_vec(p, axes, vec, dbytes, "shift", blk),
+        scale_vec=not peel_vec and _param_vec(p, axes, vec, dbytes, "scale", blk),
+        shift_vec=not peel_vec and _param_vec(p, axes, vec, dbytes, "shift", blk),
         threads=threads, tpr=tpr, rows_per_cta=rpc, nxc=0, ry=0, tile=0, group=1,
         per_thread=per, splits=splits, grid=grid, cluster=cluster, cache_hints=hints, why=tuple(why),
-        **common,
+        peel=bool(peel_vec), **common,
     )
 
 
@@ -849,7 +890,7 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
             )
     elif base >= OUTER_LOOPED_MIN_TILES_PER_SM * sms:
         schedule, splits, per = "looped", 1, LOOP_UNROLL
-        why.append(f"{base} column tiles >= {sms} SMs: one CTA per column tile, Welford loop, re-read (from L2)")
+        why.append(f"{base} column tiles >= {sms} SMs: one CTA per column tile, statistics loop, re-read (from L2)")
     else:
         per_sm = SPLIT_CTAS_PER_SM_IN_L2 if x_bytes <= 2 * LOOPED_L2_BYTES else SPLIT_CTAS_PER_SM
         want = -(-per_sm * sms * STREAM_THREADS // (threads * base))
@@ -859,9 +900,9 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
         splits = max(1, min(want, max_splits))
         schedule, per = ("split" if splits > 1 else "looped"), LOOP_UNROLL
         why.append(
-            f"only {base} column tiles for {rows} rows each: split rows over {splits} CTAs, partial Welford "
+            f"only {base} column tiles for {rows} rows each: split rows over {splits} CTAs, partial statistics "
             f"to a workspace, merged once per column tile by a second kernel, normalized by a third"
-            if splits > 1 else f"{base} column tiles, rows too few to split: Welford loop, re-read"
+            if splits > 1 else f"{base} column tiles, rows too few to split: statistics loop, re-read"
         )
     hints = _hints(strategy, schedule, x_bytes, why)
     return Plan(

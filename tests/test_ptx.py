@@ -134,11 +134,12 @@ FORCED = [
     ("t d : rms over d ; scale d", (8, 8192), "float16", None),
     ("n c h w : norm over h w ; scale c ; shift c", (8, 64, 28, 28), "float32", [0, 2, 3, 1]),
     ("n (g k) h w : norm over k h w ; scale g k ; shift g k", (4, 64, 16, 16), "float16", [0, 2, 3, 1]),
+    ("t d : norm over d ; scale d ; shift d", (6, 10007), "bfloat16", None),  # odd rows: peeled (PEEL)
 ]
 
 
 @pytest.mark.parametrize("schedule", ["looped", "split"])
-@pytest.mark.parametrize("case", FORCED, ids=["layer", "rms", "instance-nhwc", "group-nhwc"])
+@pytest.mark.parametrize("case", FORCED, ids=["layer", "rms", "instance-nhwc", "group-nhwc", "layer-peeled"])
 def test_forced_schedule_assembles(case, schedule):
     text, shape, dtype, perm = case
     spec = normc.spec(text, g=8) if "(g k)" in text else normc.spec(text)
@@ -148,6 +149,7 @@ def test_forced_schedule_assembles(case, schedule):
     assert plan.schedule == schedule
     if schedule == "split":
         assert plan.splits >= 2 and plan.workspace_floats > 0
+    assert plan.peel == (shape[-1] == 10007)
     check_kernels(plan)
 
 

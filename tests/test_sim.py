@@ -188,9 +188,29 @@ def test_inner_split(spec):
 
 @pytest.mark.parametrize("schedule", ["looped", "split"])
 def test_inner_streaming_scalar_rows_load_more_per_trip(schedule):
-    """Odd rows (scalar accesses) load NARROW_LOOP_UNROLL values per trip, masked past the row's end."""
-    _, _, _, plan = run_case(LN, make_x((2, 1001), "float32"), schedule=schedule, expect=("inner", schedule))
-    assert (plan.vec, plan.per_thread) == (1, normc.planner.NARROW_LOOP_UNROLL)
+    """Odd rows of a view 4 bytes past a 16-byte boundary (scalar accesses: not peeled) load
+    NARROW_LOOP_UNROLL values per trip, masked past the row's end."""
+    x = make_x((2, 1002), "float32")[:, 1:]
+    _, _, _, plan = run_case(LN, x, schedule=schedule, expect=("inner", schedule))
+    assert (plan.vec, plan.per_thread, plan.peel) == (1, normc.planner.NARROW_LOOP_UNROLL, False)
+
+
+ROW_SCALE = "t d : norm over d ; scale t ; shift d"  # a per-row scale before a shift along the row
+
+
+@pytest.mark.parametrize("text, schedule, dtype, n", [
+    (LN, "looped", "float32", 1031), (RMS_TEXT, "looped", "float16", 517), (ROW_SCALE, "looped", "bfloat16", 263),
+    (LN, "split", "float16", 517), (RMS_TEXT, "split", "float32", 1031), (ROW_SCALE, "split", "float32", 1030),
+    (LN, "coop", "bfloat16", 263), (RMS_TEXT, "coop", "float32", 1031), (LN, "split", "float32", 8),
+])
+def test_inner_streaming_peeled_rows(text, schedule, dtype, n):
+    """Rows whose length is not a multiple of the 16-byte vector start at varying alignments: peeled, each
+    row's values before its first boundary and after its last whole vector (both up to vec - 1) are handled
+    one at a time, the rest as aligned vectors (planner PEEL). Rows of 8 float32 (two whole vectors) are
+    aligned and not peeled."""
+    x = make_x((3, n), dtype)
+    _, _, _, plan = run_case(normc.spec(text), x, schedule=schedule, expect=("inner", schedule))
+    assert plan.peel == (n % 8 != 0) and plan.vec == 16 // np.dtype(np_dtype(dtype)).itemsize
 
 
 @pytest.mark.parametrize("text, shape, dtype", [
@@ -199,10 +219,13 @@ def test_inner_streaming_scalar_rows_load_more_per_trip(schedule):
     ("t d : rms over d ; shift d", (2, 333), "float16"),
 ], ids=["layer-bf16", "layer-3axes", "rms-shift-only-odd"])
 def test_inner_split_column_major_finish(text, shape, dtype):
-    """Split layer/RMS norm: the second kernel takes a column slice of every row (scale/shift read once)."""
+    """Split layer/RMS norm: the second kernel takes a column slice of every row (scale/shift read once).
+    The odd rows are a view one element past an aligned start (scalar, not peeled: peeled rows take the
+    row-wise finish)."""
     from normc.lowering import generate
 
-    _, _, _, plan = run_case(normc.spec(text), make_x(shape, dtype), schedule="split", expect=("inner", "split"))
+    x = make_x(shape, dtype) if shape[-1] % 2 == 0 else make_x(shape[:-1] + (shape[-1] + 1,), dtype)[..., 1:]
+    _, _, _, plan = run_case(normc.spec(text), x, schedule="split", expect=("inner", "split"))
     assert "sMe" in generate(plan)[1].source  # the per-row statistics table of the column-major kernel
 
 
