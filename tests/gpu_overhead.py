@@ -5,8 +5,9 @@
 Prints the median wall time per call (no synchronization) of: a full normc call on torch tensors (the cached
 fast path: allocate y, launch), the same with return_stats and the backward (their own fast paths),
 torch.empty_strided alone, cuda.core's launch alone, the hot path's launcher alone (pointers prepared), the
-hot path's key and its parts, torch.nn.functional.layer_norm for comparison, and one forward+backward step of
-normc.torch.LayerNorm against torch.nn.LayerNorm (host time per training step of one layer).
+hot path's key and its parts, torch.nn.functional.layer_norm and torch.add (one torch op) for comparison,
+and one forward+backward step of normc.torch.LayerNorm against torch.nn.LayerNorm (host time per training
+step of one layer).
 """
 
 import time
@@ -72,6 +73,7 @@ def main():
         "x.shape, x.stride()": lambda: (x.shape, x.stride()),
         "torch current raw stream": lambda: raw_stream(0),
         "torch layer_norm": lambda: torch.nn.functional.layer_norm(x, (1024,), w, b),
+        "torch add (one tiny op)": lambda: torch.add(w, b),
         "normc.torch LayerNorm fwd+bwd": lambda: step(mods["normc"]),
         "torch.nn.LayerNorm fwd+bwd": lambda: step(mods["torch"]),
     }
