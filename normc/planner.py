@@ -109,17 +109,19 @@ INNER_LOOPED_MIN_ROWS_PER_SM = 1
 # Mixed (NHWC group norm) split: the second kernel merges splits x tile partials in one CTA per tile, so
 # bound their product. Measured: 8 x 1280 x 16 x 16 with 64 splits 156 us vs 4 splits 76 us.
 MIXED_MAX_SPLIT_PARTIALS = 32768
-# Outer/mixed split: 512-thread-equivalents of CTAs per SM its grid aims for (4 x 512 threads: with
-# STREAM_THREADS_PER_SM resident, two waves); measured with the 3-kernel split on NHWC instance norm.
+# Backward splits (normc.backward_plan): 512-thread-equivalents of CTAs per SM their grids aim for.
 SPLIT_CTAS_PER_SM = 4
-# ... where x fits in the L2 (2 x LOOPED_L2_BYTES, the H200's 60 MB): half as many, so each CTA streams more
-# rows and the merge has fewer partials. Measured on the H200 (tests/gpu_sweep.py, 2026-12-02), 4 -> 2:
-# NDHWC float16 (2, 128, 32^3) 28.9 -> 26.2 us; NHWC float32 (1, 32, 640, 640) 54.3 -> 50.4, (1, 64, 320,
-# 320) 31.0 -> 27.1, (1, 128, 160, 160) 20.1 -> 20.5; NDHWC float32 (2, 128, 32^3) 34.7 -> 34.4; NHWC group
-# norm (8, 320, 64, 64) float16 48.6 -> 40.8. Larger x mostly lost or held: NHWC batch statistics (256, 256,
-# 28, 28) float16 (103 MB) 103.9 -> 106.4, NDHWC (2, 32, 128^3) float16 234.5 -> 247.6, ten float32 rows of
-# 134-537 MB within 0.5%; (2, 64, 64^3) float16 (67 MB) 74.8 -> 72.6.
-SPLIT_CTAS_PER_SM_IN_L2 = 2
+# Forward outer/mixed split: 512-thread-equivalents of CTAs per SM its grid aims for (2 x 512 threads: with
+# STREAM_THREADS_PER_SM resident, one wave), so each CTA streams more rows and the merge has fewer partials.
+# Measured on the H200 (tests/gpu_sweep.py, 2026-12-02): first where x fits in the L2, 4 -> 2: NDHWC float16
+# (2, 128, 32^3) 28.9 -> 26.2 us; NHWC float32 (1, 32, 640, 640) 54.3 -> 50.4, (1, 64, 320, 320) 31.0 ->
+# 27.1, (1, 128, 160, 160) 20.1 -> 20.5; NHWC group norm (8, 320, 64, 64) float16 48.6 -> 40.8 (larger x then
+# lost or held, with per-value Welford updates and without PDL). Then, with shifted sums and PDL, for every
+# size, 4 -> 2 (8): NDHWC (2, 64, 64^3) float16 67.4 -> 63.2 (77.8), NHWC batch statistics (256, 256, 28,
+# 28) float16 97.8 -> 93.6 (106.8), NDHWC float32 (2, 64, 64^3) 113.1 -> 111.5 (115.7), (2, 32, 128^3)
+# float16 219.4 -> 215.9 (233.2), float32 (4, 64, 64^3) 207.5 -> 208.9, (2, 64, 128^3) 801.8 -> 803.2,
+# (4, 256, 32^3) 110.3 -> 110.2.
+OUTER_SPLIT_CTAS_PER_SM = 2
 # Inner split: the grid (rows x splits) is sized in waves of resident CTAs (STREAM_THREADS_PER_SM / 512 per
 # SM): the fewest waves, at least SPLIT_MIN_WAVES, in which rows x splits fills at least SPLIT_MIN_FILL of
 # the slots. Before, splits = ceil(4 x SMs / rows) gave 2.2-4.4 waves (64 rows: 576 CTAs for 264 slots, the
@@ -892,8 +894,7 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
         schedule, splits, per = "looped", 1, LOOP_UNROLL
         why.append(f"{base} column tiles >= {sms} SMs: one CTA per column tile, statistics loop, re-read (from L2)")
     else:
-        per_sm = SPLIT_CTAS_PER_SM_IN_L2 if x_bytes <= 2 * LOOPED_L2_BYTES else SPLIT_CTAS_PER_SM
-        want = -(-per_sm * sms * STREAM_THREADS // (threads * base))
+        want = -(-OUTER_SPLIT_CTAS_PER_SM * sms * STREAM_THREADS // (threads * base))
         max_splits = max(1, rows // (ry * LOOP_UNROLL))
         if strategy == "mixed":
             max_splits = min(max_splits, max(4, MIXED_MAX_SPLIT_PARTIALS // tile))
