@@ -72,9 +72,9 @@ PDL = 1
 # a Welford step per value (0: a reciprocal per loaded vector and two dependent FMAs per value). Shifting by a
 # value of the thread's own data ("shifted data", Chan, Golub and LeVeque 1983) keeps var = q/n - (s/n)^2
 # from cancelling digits; the reduction's pivot would not: it can lie far from one thread's values. Measured
-# on the H200 (tests/gpu_sweep.py, 2026-12-02, Welford -> sums shifted by the pivot, the same instruction
-# count as these; us): NCDHW (2, 32, 128^3) float16 237.2 -> 211.7, NDHWC (2, 64, 64^3) float16 74.4 -> 69.2,
-# NHWC batch statistics (256, 256, 28, 28) float16 103.9 -> 98.9, float32 rows within 1%.
+# on the H200 (tests/gpu_sweep.py, 2026-12-02, 0 -> 1, us): NCDHW (2, 32, 128^3) float16 236.4 -> 211.2, NDHWC
+# (2, 32, 128^3) float16 234.7 -> 220.9, (2, 64, 64^3) float16 73.5 -> 67.6, (2, 128, 32^3) float16 25.1 ->
+# 22.0, NHWC batch statistics (256, 256, 28, 28) float16 104.6 -> 99.5, float32 rows within 1%.
 SHIFTED_SUMS = 1
 # Split, column-major second kernel (layer/RMS norm): at most this many rows, whose means and factors it
 # keeps in shared memory (3 floats each); split plans have fewer rows than SMs unless forced.
@@ -383,9 +383,9 @@ class _Kernel(_Emitter):
 
     def acc_start(self, g, names, piv):
         """SHIFTED_SUMS: each column's shift k{j} = the thread's first value of it (``names``, raw x as
-        loaded; 0 where the thread has none), the shifted data of Welford's and Chan's "shifted data"
-        algorithm: any value of the data the thread sums keeps their cancellation small, where the
-        reduction's pivot may lie far from this thread's values. ``piv(j)`` = (pivot, scale) names of column
+        loaded; 0 where the thread has none). Summing x - k for a k taken from the summed data itself (the
+        "shifted data" algorithm) keeps the cancellation in q - s^2/n small; the reduction's pivot may lie
+        far from this thread's values. ``piv(j)`` = (pivot, scale) names of column
         j: the scale is None for unscaled dtypes; with one, ks{j} = k{j} * scale (exact: a power of two)."""
         if not SHIFTED_SUMS:
             return
@@ -983,7 +983,7 @@ class _Inner(_Kernel):
                                   lambda o: f"xb + {o['x']}", ("c", "cc"), hint)
         return [(names, o, ok) for names, o, ok, _ in items]
 
-    def _welford_loop(self, g, lo, hi, TPR):
+    def _stats_loop(self, g, lo, hi, TPR):
         """Per-thread statistics over vectors [lo, hi) of the row, LOOP vectors per trip; V accumulators
         (sums shifted by the thread's first values, SHIFTED_SUMS, else Welford), ending as (cnt, mean of
         x - pv, M2) per lane."""
@@ -1037,7 +1037,7 @@ class _Inner(_Kernel):
         g("rloc = 0")
         self.row_setup(g, "bid", False)
         if p.stat == "norm":
-            self._welford_loop(g, "0", self.nvec, self.TPR)
+            self._stats_loop(g, "0", self.nvec, self.TPR)
             self.emit_edge_stats(g, "lane == 0")
             self.reduce_triple(g, "n", "mean", "m2", "a")
             if self.scaled:
@@ -1063,7 +1063,7 @@ class _Inner(_Kernel):
         g(f"lo = sp_ * {L}")
         g(f"hi = min(lo + {L}, {self.nvec})")
         if p.stat == "norm":
-            self._welford_loop(g, "lo", "hi", self.TPR)
+            self._stats_loop(g, "lo", "hi", self.TPR)
             self.emit_edge_stats(g, "lane == 0 and sp_ == 0")
             self.reduce_triple(g, "n", "mean", "m2", "a")
         else:

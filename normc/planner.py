@@ -691,7 +691,8 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
                 schedule = "coop"
                 why.append(
                     f"only {K} rows (< {sms} SMs) of {p.reduced}: split each row over CTAs of a co-resident "
-                    f"grid, partial statistics (n, mean, M2) to a workspace, then merge and normalize in the same kernel"
+                    f"grid, partial statistics (n, mean, M2) to a workspace, then merge and normalize in the "
+                    f"same kernel"
                 )
             else:
                 schedule = "split"
