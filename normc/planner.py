@@ -14,11 +14,11 @@ Decision tree (``docs/planner.md`` explains it at length; the constants below ca
 * **schedule**:
     - ``persistent``: every value of a reduction is held in registers by the threads that own it: x is read
       once (two-pass mean/variance from registers, then normalize).
-    - ``looped``: one CTA (or sub-warp) per reduction, Welford over a loop, then a second pass that re-reads x
-      (mostly from L2).
+    - ``looped``: one CTA (or sub-warp) per reduction, a statistics loop (per-thread sums shifted by the
+      thread's first value), then a second pass that re-reads x (mostly from L2).
     - ``split``: too few reductions to fill the GPU: each reduction is spread over ``splits`` CTAs; kernel 1
-      writes partial statistics (n, mean, M2) to a float32 workspace; then (inner) kernel 2 merges them (Chan) and
-      normalizes, or (outer/mixed) kernel 2 merges them once per column tile and kernel 3 normalizes.
+      writes partial statistics (n, mean, M2) to a float32 workspace; then (inner) kernel 2 merges them
+      (Chan) and normalizes, or (outer/mixed) kernel 2 merges them once per column tile and kernel 3 normalizes.
     - ``coop`` (inner, only when forced or autotuned): the split's two halves in one cooperative kernel
       over a co-resident grid. A CTA writes its slice's partial statistics, waits on a per-reduction arrival
       counter until the other ``splits - 1`` have written theirs, merges them and normalizes its slice,
