@@ -429,7 +429,7 @@ class _Kernel(_Emitter):
         """After the streaming loop (SHIFTED_SUMS, norm): turn each column's (sum s, sum of squares q) of its
         cnt values shifted by k{j} into the (mean, M2) of x - pivot that the merges expect: mean = (k{j} -
         pivot) + s / cnt, M2 = q - s^2 / cnt (scaled dtypes: in scaled units). A thread that saw no value
-        keeps a count of 0, which the Chan merges ignore."""
+        keeps a count of 0 and a mean of 0, which the Chan merges ignore."""
         if rms or not SHIFTED_SUMS:
             return
         g("rc = F32(1.0) / max(cnt, F32(1.0))")
@@ -437,7 +437,10 @@ class _Kernel(_Emitter):
             pv, scl = piv(j)
             g(f"dm = wm{j} * rc")
             g(f"wq{j} = max(wq{j} - wm{j} * dm, F32(0.0))")
-            g(f"wm{j} = (ks{j} - {pv} * {scl}) + dm" if scl else f"wm{j} = (k{j} - {pv}) + dm")
+            # an empty thread's mean is 0 (as Welford's): k{j} - pivot there is -pivot, and a merge's
+            # d * d * n * w with d ~ pivot overflows to inf before w = 0 zeroes it (inf * 0 = NaN)
+            m = f"(ks{j} - {pv} * {scl}) + dm" if scl else f"(k{j} - {pv}) + dm"
+            g(f"wm{j} = sel(cnt > F32(0.0), {m}, F32(0.0))")
 
     def stream_loads(self, g, U, step, valid, clamp, offsets, x_at, prefixes, hint=""):
         """U loads of one streaming-loop trip (inside ``for base in range(...)``): index ``base + u * step``,

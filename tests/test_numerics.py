@@ -522,3 +522,19 @@ def test_outlier_first_value_streaming(name):
     assert np.max(np.abs(rstd - rr) / rr) <= 1e-4
     # the mean is near 0 next to the pivot (pivoted schemes round it to a few ulps of the pivot): 1e-4 std
     assert np.max(np.abs(mean - rm) * rr) <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["inner-looped", "outer-looped", "outer-split", "mixed-looped"])
+def test_huge_values_with_idle_threads_streaming(name):
+    """Streaming schedules with threads that see no value (most of them, at these sizes) on reductions
+    near 1e20 (constant, then 1e18 (1 + 1e-3 N(0, 1))): an idle thread's partial has a count of 0 and must
+    not carry a mean of -pivot, whose square times the other count overflowed a Chan merge (inf * 0 = NaN
+    in every y and rstd; found by a break test)."""
+    shape = CASES[name][2]
+    const = per_reduction(name, shape, lambda i, n: np.full(n, 1e20 * (1 + i % 3)))
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, values=const)
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(rstd)) and np.all(np.isfinite(mean))
+    np.testing.assert_allclose(y, ry, rtol=0, atol=1e-5 * max(1.0, float(np.abs(ry).max())))
+    x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, loc=1e18, std=1e15, seed=9)
+    check_y(y, ry, "float32")
+    assert np.max(np.abs(rstd - rr) / rr) <= 1e-4
