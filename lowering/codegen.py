@@ -542,13 +542,16 @@ class _Inner(_Kernel):
                 g("pvs = pv * scl")
         if self.peel:
             # hl values before the row's first vector boundary (x and out share it: the planner's PEEL), then
-            # nf whole vectors; the bases move to the boundary, xe/oe/se/he keep the row's start for the edges
+            # nf whole vectors; the bases move to the boundary, xe/oe keep the row's start for the edges (whose
+            # scale and shift are indexed back from the moved bases, by d - hl)
             V, L, inner = self.V, self.inner.size, self.inner
             g(f"hl = ({V} - xb % {V}) % {V}")
             g(f"nf = ({L} - hl) // {V}")
-            for nm, e, step in (("xb", "xe", 1), ("ob", "oe", 1), ("sb", "se", inner.scale), ("hb", "he", inner.shift)):
-                g(f"{e} = {nm}")
-                g(f"{nm} = {nm} + hl * {step}" if step else f"{nm} = {nm}")
+            g("xe = xb")
+            g("oe = ob")
+            for nm, step in (("xb", 1), ("ob", 1), ("sb", inner.scale), ("hb", inner.shift)):
+                if step:
+                    g(f"{nm} = {nm} + hl * {step}")
 
     def edges(self, g, who):
         """Peeled rows: the up to 2 (V - 1) values around the whole vectors, [(in-row index clamped into the

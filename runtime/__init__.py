@@ -252,9 +252,10 @@ class Compiled:
             from ..lowering import arch_cc
 
             arch_cc(arch)  # validate now: ArgumentError naming arch
-        if schedule not in (None, "persistent", "staged", "looped", "split", "coop", "cluster"):
-            raise ArgumentError(f"schedule is {schedule!r}; expected None, 'persistent', 'staged', 'looped', 'split', "
-                                f"'coop' or 'cluster'")
+        from .tune import SCHEDULES  # the one list of schedule names (autotuning tries each)
+
+        if schedule not in SCHEDULES:
+            raise ArgumentError(f"schedule is {schedule!r}; expected one of {SCHEDULES}")
         self.arch = arch
         self.schedule = schedule
         self.use_tuning = use_tuning
