@@ -24,6 +24,10 @@ Kernels, in launch order (see :mod:`normc.backward_plan`):
   ``dy`` and ``dy*xhat`` instead (g's sums are the row's scale times them), the row's sums are written to the
   workspace, and ``normc_bwd_row_finish`` adds them per parameter element in a fixed order; x and dy are not
   read again.
+* Column pass (``plan.cols``; layer and RMS norm rows too long for the fused kernel): ``normc_bwd_dx_partial``
+  only writes each row's sums (per split, or one slot per row when not split), then ``normc_bwd_dx_cols``
+  writes dx by column chunks and row groups, accumulating ``dscale``/``dshift`` in registers across the
+  group's rows (:class:`_Cols`); ``normc_bwd_cols_finish`` adds the groups' partials in group order.
 * ``normc_bwd_param`` (not split): per parameter element, the sums of ``dy*xhat`` (dscale) and ``dy``
   (dshift) over the axes it is broadcast along, converted to the parameter dtype. Split:
   ``normc_bwd_param_partial`` then ``normc_bwd_param_finish`` (one thread per parameter element adds the
@@ -122,6 +126,24 @@ class _Red(_Emitter):
             return names
         for j, nm in enumerate(names):
             g(f"{nm} = ld1_{tag}({ptr}, {off} + {j * step})")
+        return names
+
+    def _ok(self, g, *conds):
+        conds = [c for c in conds if c != "True"]
+        if not conds:
+            return "True"
+        if len(conds) == 1:
+            return conds[0]
+        nm = g.new("ok")
+        g(f"{nm} = {' and '.join(conds)}")
+        return nm
+
+    def _ld(self, g, tag, ptr, off, ok):
+        V = self.V
+        names = [g.new("v") for _ in range(V)]
+        fn = f"ld{V}_{tag}" if ok == "True" else f"ldm{V}_{tag}"
+        cond = "" if ok == "True" else f", {ok}"
+        g(f"{', '.join(names)} = {fn}({ptr}, {off}{cond})")
         return names
 
     def hoist(self, g, varies, offs):
@@ -255,6 +277,8 @@ class _Red(_Emitter):
             r = "rowc"
             g("lo = 0")
             g(f"hi = {NC}")
+            if mode == "partial":  # row sums for the column kernel (dx.sums_only), one slot per row
+                g("sp_ = 0")
         cs = _coords(g, r, self.kep, "k")
         for t, nm in (("x", "xb"), ("out", "ob"), ("scale", "sb"), ("stat", "mb"), (rp.key, "kb")):
             g(f"{nm} = I64({_offset(cs, self.kep, t)})")
@@ -284,7 +308,7 @@ class _Red(_Emitter):
             for i, q in enumerate(self.Q):
                 self.reduce_sum(g, f"a_{q}", f"{i}")
         if mode == "partial":
-            self.store_sums(g, mode, "lane == 0", "kb", "a_")
+            self.store_sums(g, mode, "lane == 0" if S > 1 else "lane == 0 and rv", "kb", "a_")
         elif mode == "direct":
             self.store_sums(g, mode, "lane == 0 and rv", "kb", "a_")
         else:  # fused / finish: the dx pass over this CTA's slice of the row
@@ -420,6 +444,33 @@ class _Red(_Emitter):
                 g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, k, t_{q})")
         return KernelSource("normc_bwd_param_finish", g.text(), -(-rp.keys // 256), 256, 0, self.ptypes())
 
+    def partials_finish(self, name, outputs, G, P, W):
+        """Adds ``G`` float32 partials per parameter element of each of ``outputs`` (at ``W + (output*G + s)*P
+        + element``) in ``s`` order: 32 parameter elements per CTA, 8 warps striding over the partials,
+        combined in warp order; converted once to the parameter's dtype."""
+        b = self.bp
+        g = _Src()
+        self.shared = 0
+        self.prologue(g, name)
+        g("cx = tid % 32")
+        g("ty = tid // 32")
+        g("k = bid * 32 + cx")
+        g(f"kc = min(k, {P - 1})")
+        for i, o in enumerate(outputs):
+            self.smem(g, f"sF{i}", 256)
+            g(f"t{i} = F32(0.0)")
+            with g.block(f"for s in range(ty, {G}, 8):"):
+                g(f"t{i} = t{i} + ld1_f32(wp, {W + i * G * P} + s * {P} + kc)")
+            g(f"sF{i}[tid] = t{i}")
+        g("cuda.syncthreads()")
+        with g.block(f"if ty == 0 and k < {P}:"):
+            for i, o in enumerate(outputs):
+                g(f"u{i} = sF{i}[cx]")
+                with g.block("for w in range(1, 8):"):
+                    g(f"u{i} = u{i} + sF{i}[w * 32 + cx]")
+                g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, k, u{i})")
+        return KernelSource(name, g.text(), -(-P // 32), 256, self.shared, self.ptypes())
+
     def row_finish(self, outs, row_outputs, ws_offset, name):
         """Adds the per-row sums of the outputs ``outs`` (one parameter layout) that ``row_outputs`` lays out per
         row at ``ws_offset`` (``len(row_outputs)`` floats a row, rows numbered by the statistics' offset), rows
@@ -488,6 +539,8 @@ class _Red(_Emitter):
         rp = self.rp
         gen = self.inner_kernel if rp.strategy == "inner" else self.outer_kernel
         if rp.role == "dx":
+            if rp.sums_only:
+                return [gen("partial")]
             if rp.splits == 1:
                 out = [gen("fused")]
             else:
@@ -502,6 +555,160 @@ class _Red(_Emitter):
         k1 = gen("partial")
         self.shared = 0
         return [k1, self.param_finish()]
+
+
+class _Cols(_Red):
+    """Generator of the column kernel of a :class:`normc.backward_plan.ColsPlan` and its finish kernel.
+
+    ``normc_bwd_dx_cols``: CTA ``b`` takes column chunk ``b % chunks`` of the rows of group ``b // chunks``.
+    Its threads first turn the group's row sums (written by ``normc_bwd_dx_partial``, ``sum_splits`` partials
+    each, added in split order: one thread per row, or one warp per row when there are many partials) into
+    mean(g) and mean(g*xhat) in shared memory. Then, row after row, each thread reads its ``per`` vectors of
+    x and dy, writes dx and adds ``dy*xhat`` / ``dy`` to one float32 register per element (its scale values
+    stay in registers too). Last it writes those sums: the gradients themselves with one row group, else
+    the group's partials, which ``normc_bwd_cols_finish`` adds in group order."""
+
+    # more partials per row than this: one warp adds a row's partials (lanes striding, xor butterfly)
+    WARP_SPLITS = 8
+
+    def __init__(self, bp):
+        super().__init__(bp, bp.dx)
+        self.cp = bp.cols
+        self.V = self.cp.vec
+
+    def row_means(self, g):
+        """Shared-memory mean(g) (``sC1``, norm only) and mean(g*xhat) (``sC2``) of the group's rows."""
+        rp, cp = self.rp, self.cp
+        R, S, keys = cp.rows_per_group, cp.sum_splits, cp.keys
+        if self.norm:
+            self.smem(g, "sC1", R)
+        self.smem(g, "sC2", R)
+        W = rp.ws_offset
+        warp = S > self.WARP_SPLITS
+        if warp:
+            nw = cp.threads // 32
+            g("wl = tid % 32")
+            head, step = f"for rr in range(tid // 32, {R}, {nw}):", "wl"
+        else:
+            head, step = f"for rr in range(tid, {R}, {cp.threads}):", None
+        with g.block(head):
+            g(f"rw = min(r0 + rr, {keys - 1})")
+            cs = _coords(g, "rw", self.kep, "k")
+            g(f"kb = I64({_offset(cs, self.kep, 'stat')})")
+            for q in self.Q:
+                g(f"a_{q} = F32(0.0)")
+            with g.block(f"for k in range({step}, {S}, 32):" if warp else f"for k in range({S}):"):
+                for i, q in enumerate(self.Q):
+                    g(f"a_{q} = a_{q} + ld1_f32(wp, {W} + (k * {keys} + kb) * {rp.nq} + {i})")
+            if warp:
+                off = 16
+                while off >= 1:
+                    for q in self.Q:
+                        g(f"a_{q} = a_{q} + shfl_xor(a_{q}, {off})")
+                    off //= 2
+            self.means(g, "mg_", "mgx_", lambda q: f"a_{q}", None)
+            if self.norm:
+                g("sC1[rr] = mg_")
+            g("sC2[rr] = mgx_")
+        g("cuda.syncthreads()")
+
+    def cols_kernel(self):
+        b, cp, V = self.bp, self.cp, self.V
+        T, E, NCH, R = cp.threads, cp.per, cp.chunks, cp.rows_per_group
+        NC = b.reduced // V
+        keys = cp.keys
+        inner = self.inner
+        g = _Src()
+        self.shared = 0
+        self.prologue(g, "normc_bwd_dx_cols")
+        g(f"ch = bid % {NCH}")
+        g(f"grp = bid // {NCH}")
+        g(f"r0 = grp * {R}")
+        g(f"r1 = min(r0 + {R}, {keys})")
+        self.row_means(g)
+        pt = [_PTENSOR[o] for o in cp.outputs]
+        slots = []
+        for e in range(E):
+            c = g.new("c")
+            g(f"{c} = ch * {T * E} + {e * T} + tid")
+            okc = g.new("okc")
+            g(f"{okc} = {c} < {NC}")
+            cc = g.new("cc")
+            g(f"{cc} = min({c}, {NC - 1})")
+            o = vector_offsets(g, cc, self.red, V, ("x", "out", "scale") + tuple(pt))
+            slots.append((okc, o))
+        stag = TAG[b.scale_dtype] if self.use_scale else None
+        sc = ([self._seq(g, stag, "sp", o["scale"], inner.scale, self.rp.scale_vec) for _, o in slots]
+              if self.use_scale else None)
+        qs = [_SUM[o] for o in cp.outputs]
+        for i in range(len(qs)):
+            for e in range(E):
+                for j in range(V):
+                    g(f"a{i}_{e}_{j} = F32(0.0)")
+        xt = TAG[b.x_dtype]
+        U = cp.unroll
+        with g.block(f"for r in range(r0, r1, {U}):" if U > 1 else "for r in range(r0, r1):"):
+            # U rows at a time: every load of them first (all in flight), then the arithmetic and the stores.
+            # Rows past the group's end are clamped to its last row and masked: their loads give zeros, which
+            # add nothing to the parameter sums, and their stores are skipped.
+            rows = []
+            for u in range(U):
+                if U == 1:
+                    ru, oku = "r", "True"
+                else:
+                    ru, oku = g.new("ru"), g.new("oku")
+                    g(f"{oku} = r + {u} < r1")
+                    g(f"{ru} = min(r + {u}, r1 - 1)")
+                cs = _coords(g, ru, self.kep, "k")
+                nm = {t: g.new(t[0] + "b") for t in ("x", "out", "stat")}
+                for t in ("x", "out", "stat"):
+                    g(f"{nm[t]} = I64({_offset(cs, self.kep, t)})")
+                oks = [self._ok(g, okc, oku) for okc, _ in slots]
+                held = [(self._ld(g, xt, "xp", f"{nm['x']} + {o['x']}", ok),
+                         self._ld(g, TAG[b.dy_dtype], "gp", f"{nm['out']} + {o['out']}", ok))
+                        for ok, (_, o) in zip(oks, slots)]
+                rows.append((ru, nm, oks, held))
+            for ru, nm, oks, held in rows:
+                g(f"rs = ld1_f32(rp, {nm['stat']})")
+                if self.norm:
+                    g(f"mu = ld1_f32(mp, {nm['stat']})")
+                    g(f"mg_ = sC1[{ru} - r0]")
+                g(f"mgx_ = sC2[{ru} - r0]")
+                for e, (ok, (_, o)) in enumerate(zip(oks, slots)):
+                    xs, dys = held[e]
+                    ds = [g.new("dx") for _ in range(V)]
+                    for j in range(V):
+                        xh = g.new("xh")
+                        g(f"{xh} = ({xs[j]} - mu) * rs" if self.norm else f"{xh} = {xs[j]} * rs")
+                        for i, q in enumerate(qs):
+                            g(f"a{i}_{e}_{j} = a{i}_{e}_{j} + {dys[j]} * {xh}" if q == "dyx"
+                              else f"a{i}_{e}_{j} = a{i}_{e}_{j} + {dys[j]}")
+                        gj = f"{dys[j]} * {sc[e][j]}" if sc else dys[j]
+                        if self.norm:
+                            g(f"{ds[j]} = rs * ({gj} - mg_ - {xh} * mgx_)")
+                        else:
+                            g(f"{ds[j]} = rs * ({gj} - {xh} * mgx_)")
+                    v = ds[0] if V == 1 else f"({', '.join(ds)},)"
+                    g(f"stm{V}_{xt}(dp, {nm['out']} + {o['out']}, {v}, {ok})")
+        G, P = cp.groups, cp.params
+        for i, (o, t) in enumerate(zip(cp.outputs, pt)):
+            for e, (okc, off) in enumerate(slots):
+                for j in range(V):
+                    k = f"{off[t]} + {j * inner.stride(t)}" if j else off[t]
+                    if G == 1:
+                        g(f"stm1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, {k}, a{i}_{e}_{j}, {okc})")
+                    else:
+                        g(f"stm1_f32(wp, {cp.ws_offset + i * G * P} + grp * {P} + {k}, a{i}_{e}_{j}, {okc})")
+        return KernelSource("normc_bwd_dx_cols", g.text(), cp.grid, T, self.shared, self.ptypes(),
+                            min_ctas=cp.min_ctas)
+
+    def kernels(self):
+        cp = self.cp
+        out = [self.cols_kernel()]
+        if cp.groups > 1:
+            out.append(self.partials_finish("normc_bwd_cols_finish", cp.outputs, cp.groups, cp.params,
+                                            cp.ws_offset))
+        return out
 
 
 # Fused kernel: the scale values of a lane's elements stay in registers across rows up to this many per thread
@@ -524,24 +731,6 @@ class _Fused(_Red):
         super().__init__(bp, bp.dx)
         self.fz = bp.fused
         self.V = self.fz.vec
-
-    def _ok(self, g, *conds):
-        conds = [c for c in conds if c != "True"]
-        if not conds:
-            return "True"
-        if len(conds) == 1:
-            return conds[0]
-        nm = g.new("ok")
-        g(f"{nm} = {' and '.join(conds)}")
-        return nm
-
-    def _ld(self, g, tag, ptr, off, ok):
-        V = self.V
-        names = [g.new("v") for _ in range(V)]
-        fn = f"ld{V}_{tag}" if ok == "True" else f"ldm{V}_{tag}"
-        cond = "" if ok == "True" else f", {ok}"
-        g(f"{', '.join(names)} = {fn}({ptr}, {off}{cond})")
-        return names
 
     def _lane_sums(self, g, sums, RPC, TPR):
         """Sum each name in ``sums`` over the TPR lanes of a row (every lane gets the same bits)."""
@@ -724,31 +913,10 @@ class _Fused(_Red):
         return KernelSource("normc_bwd_fused", g.text(), G, fz.threads, self.shared, self.ptypes())
 
     def lane_finish(self):
-        """Adds the per-CTA partials of each lane-route output in CTA order: 32 parameter elements per CTA,
-        8 warps striding over the partials, combined in warp order."""
-        b, fz = self.bp, self.fz
-        G, P = fz.grid, fz.lane_params
-        g = _Src()
-        self.shared = 0
-        self.prologue(g, "normc_bwd_fparam_finish")
-        g("cx = tid % 32")
-        g("ty = tid // 32")
-        g("k = bid * 32 + cx")
-        g(f"kc = min(k, {P - 1})")
-        for i, o in enumerate(fz.lane_outputs):
-            self.smem(g, f"sF{i}", 256)
-            g(f"t{i} = F32(0.0)")
-            with g.block(f"for s in range(ty, {G}, 8):"):
-                g(f"t{i} = t{i} + ld1_f32(wp, {fz.ws_offset + i * G * P} + s * {P} + kc)")
-            g(f"sF{i}[tid] = t{i}")
-        g("cuda.syncthreads()")
-        with g.block(f"if ty == 0 and k < {P}:"):
-            for i, o in enumerate(fz.lane_outputs):
-                g(f"u{i} = sF{i}[cx]")
-                with g.block("for w in range(1, 8):"):
-                    g(f"u{i} = u{i} + sF{i}[w * 32 + cx]")
-                g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, k, u{i})")
-        return KernelSource("normc_bwd_fparam_finish", g.text(), -(-P // 32), 256, self.shared, self.ptypes())
+        """Adds the per-CTA partials of each lane-route output in CTA order (:meth:`_Red.partials_finish`)."""
+        fz = self.fz
+        return self.partials_finish("normc_bwd_fparam_finish", fz.lane_outputs, fz.grid, fz.lane_params,
+                                    fz.ws_offset)
 
     def kernels(self):
         fz = self.fz
@@ -769,7 +937,9 @@ def generate_backward(bplan) -> list:
     if getattr(bplan, "fused", None) is not None:
         out += _Fused(bplan).kernels()
     else:
-        reds = (bplan.dx,) + reds
+        out += _Red(bplan, bplan.dx).kernels()
+        if getattr(bplan, "cols", None) is not None:
+            out += _Cols(bplan).kernels()
     for rp in reds:
         out += _Red(bplan, rp).kernels()
     return out
@@ -778,11 +948,13 @@ def generate_backward(bplan) -> list:
 def kernel_count(bplan) -> int:
     """Number of kernels :func:`generate_backward` emits (without generating them)."""
     fz = getattr(bplan, "fused", None)
-    n = sum(2 if r.splits > 1 else 1 for r in tuple(bplan.params) + (() if fz else (bplan.dx,)))
+    n = sum(2 if r.splits > 1 else 1 for r in bplan.params)
     if fz is not None:
         n += 1 + (1 if fz.lane_outputs else 0) + len(_Fused(bplan).row_groups(fz.row_outputs))
+    elif bplan.dx.sums_only:
+        n += 1 + 1 + (1 if bplan.cols.groups > 1 else 0)
     else:
-        n += len(_Red(bplan, bplan.dx).row_groups(bplan.dx.row_outputs))
+        n += (2 if bplan.dx.splits > 1 else 1) + len(_Red(bplan, bplan.dx).row_groups(bplan.dx.row_outputs))
     return n
 
 

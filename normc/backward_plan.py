@@ -29,6 +29,14 @@ partials: layer/RMS norm) or only across rows (per-row sums: NCHW instance norm)
 reductions (e.g. group norm's ``scale g k``) keep the general path. ``schedule="looped"`` or ``"split"``
 disables it.
 
+**Column pass.** Without the fused kernel, a parameter that varies along every summed axis and no kept axis
+(layer and RMS norm's ``scale d``) would need a third pass: a parameter reduction re-reading x and dy over the
+rows. Instead (:class:`ColsPlan`) the dx kernel only takes the row sums (``normc_bwd_dx_partial``, split or
+not), and a column kernel (``normc_bwd_dx_cols``) writes dx: each CTA owns a chunk of columns and a group of
+rows, keeps the scale of its columns and the parameter sums of ``dy*xhat`` / ``dy`` in registers across the
+rows, and writes them per row group (then added in group order by ``normc_bwd_cols_finish``) or, with one
+group, directly. x and dy are read twice, not three times.
+
 **Row sums.** Without the fused kernel, a parameter constant along every row (instance and batch norm's
 ``scale c``, in any layout) takes its gradient from the general dx kernel's per-row sums of ``dy`` and
 ``dy*xhat`` (``ReducePlan.row_outputs``; ``sum_R(g)`` is then the row's scale times ``sum_R(dy)``), added per
@@ -45,7 +53,7 @@ from .canonical import Axis, canonicalize
 from .planner import (CTA_THREADS, DEFAULT_SMS, ITEMSIZE, LOOP_UNROLL, MAX_PERSISTENT_THREADS,
                       MAX_VECTOR_BYTES, SPLIT_CTAS_PER_SM, pick_vec)
 
-__all__ = ["ReducePlan", "FusedPlan", "BackwardPlan", "make_backward_plan"]
+__all__ = ["ReducePlan", "FusedPlan", "ColsPlan", "BackwardPlan", "make_backward_plan"]
 
 # Up to this many splits are forced by ``schedule="split"`` (tests: covers the partial/finish kernels on tiny
 # inputs).
@@ -59,6 +67,30 @@ FUSED_MAX_VALUES = 16
 # while the parameter partials would exceed 1/FUSED_PARTIAL_FRACTION of the kernel's own traffic.
 FUSED_THREADS_PER_SM = 512
 FUSED_PARTIAL_FRACTION = 16
+# Column pass (ColsPlan): on/off (A/B measurements; off gives the three-pass general path).
+COLS = True
+# Column kernel: threads per CTA, and at most this many elements per thread per row (vectors x vec): its scale
+# values and two parameter sums per element stay in registers (3 x 16 float32), plus 16 loaded x/dy values in
+# flight per row (16 B vectors: 8 loads of 16 B per thread), the same budget as the fused kernel.
+COLS_THREADS = 256
+COLS_MAX_VALUES = 16
+# Column kernel: CTAs of 256 threads per SM. The grid aims for exactly this many per SM (column chunks x row
+# groups: one full wave when there are enough rows) and the kernel carries the launch bound ``.minnctapersm``
+# (ptxas keeps it at or under 128 registers; dropped if that spills). Unbounded, the float32 kernels took
+# 128-135 registers (one CTA per SM) and the bfloat16 ones 80-111 (2-3 per SM for a grid sized for 4: a
+# partial last wave).
+COLS_CTAS_PER_SM = 2
+# Column kernel: bytes of x and dy loads a thread issues before using them (rows unrolled by up to
+# COLS_MAX_UNROLL, all their loads first): with 512 threads per SM, 128 B each keeps 64 KiB per SM in flight,
+# twice the 32 KiB that copy bandwidth (4.27 TB/s / 132 SMs = 32 B/ns) needs at a 1 us loaded latency.
+COLS_LOAD_BYTES = 128
+COLS_MAX_UNROLL = 4
+# Column kernel: at most this many rows per group: their mean(g) and mean(g*xhat) sit in static shared memory
+# (2 x 4 B a row: 32 KiB, under the 48 KiB a kernel may declare statically). More rows make more groups.
+COLS_MAX_GROUP_ROWS = 4096
+# Row groups are capped so that the float32 parameter partials (8 B per group, parameter element and output:
+# written once, read once) stay under 1/COLS_PARTIAL_FRACTION of the x, dy and dx traffic.
+COLS_PARTIAL_FRACTION = 16
 
 
 @dataclass(frozen=True)
@@ -92,6 +124,8 @@ class ReducePlan:
             pass 1 takes: one float32 per (row, output) at ``row_ws_offset + row * len(row_outputs)``, added
             per parameter element in a fixed order by ``normc_bwd_row_finish`` (no parameter reduction
             re-reading x and dy).
+        sums_only: dx only: the kernel takes the row sums and writes them to the workspace (per split, even
+            when not split); dx is written by the column kernel of :class:`ColsPlan`.
     """
 
     role: str
@@ -117,11 +151,13 @@ class ReducePlan:
     sums: tuple = ()
     row_outputs: tuple = ()
     row_ws_offset: int = 0
+    sums_only: bool = False
 
     @property
     def workspace_floats(self) -> int:
         """float32 elements of partial sums this reduction needs (split partials, then per-row sums)."""
-        return (self.splits * self.keys * self.nq if self.splits > 1 else 0) + self.keys * len(self.row_outputs)
+        part = self.splits > 1 or self.sums_only
+        return (self.splits * self.keys * self.nq if part else 0) + self.keys * len(self.row_outputs)
 
     def describe(self) -> str:
         """One line: what this reduction computes (dx or dscale/dshift), its axes (S summed, K kept) and tiling."""
@@ -131,7 +167,9 @@ class ReducePlan:
             til = f"vec={self.vec} threads/row={self.tpr} rows/CTA={self.rows_per_cta}"
         else:
             til = f"vec={self.vec} column tile={self.tile} (x-threads={self.nxc}, y-threads={self.ry})"
-        nk = 2 if self.splits > 1 else 1
+        nk = 1 if self.sums_only else 2 if self.splits > 1 else 1
+        if self.sums_only:
+            til += " (row sums only: dx by the column kernel)"
         rows = (f"; {'+'.join(self.row_outputs)} from its per-row sums ({','.join(self.sums)}), added by "
                 f"normc_bwd_row_finish" if self.row_outputs else "")
         return (f"{what}: {self.strategy}, {self.keys} sums x {self.reduced} elements, axes {ax} "
@@ -205,6 +243,59 @@ class FusedPlan:
 
 
 @dataclass(frozen=True)
+class ColsPlan:
+    """The column kernel that writes dx of a general inner reduction and the lane-route parameter gradients.
+
+    Runs after the dx kernel has written every row's sums (``BackwardPlan.dx.sums_only``: ``sum_splits``
+    float32 partials per row and sum, at ``dx.ws_offset``). CTA ``b`` takes column chunk ``b % chunks`` (each
+    of ``threads * per`` vectors of ``vec`` elements, thread ``t`` holding vectors ``t + e*threads``) of the
+    rows ``[g*rows_per_group, (g+1)*rows_per_group)`` of group ``g = b // chunks``: it first turns its rows'
+    sums into mean(g) and mean(g*xhat) (in shared memory), then per row reads x and dy, writes dx and adds
+    ``dy*xhat`` / ``dy`` to one float32 register per element it holds. With one group those are the
+    gradients; with more, each group writes a partial per parameter element (``ws_offset + (output*groups +
+    group)*params + element``) and ``normc_bwd_cols_finish`` adds them in group order.
+
+    Attributes:
+        threads, per, vec: CTA size, vectors per thread, elements per vector.
+        chunks: column chunks of a row; groups, rows_per_group: row groups and their size; grid: CTAs.
+        unroll: rows a thread loads before it computes (their loads all in flight).
+        min_ctas: the launch bound (CTAs of ``threads`` per SM; 0: none).
+        outputs: the parameter gradients it produces (``dscale`` and/or ``dshift``).
+        params: parameter elements (= elements per row); keys: rows; sum_splits: partials per row sum.
+        ws_offset: float32 offset of the group partials (only when ``groups > 1``).
+    """
+
+    threads: int
+    per: int
+    vec: int
+    chunks: int
+    groups: int
+    rows_per_group: int
+    grid: int
+    outputs: tuple
+    params: int
+    keys: int
+    sum_splits: int
+    ws_offset: int
+    unroll: int = 1
+    min_ctas: int = 0
+
+    @property
+    def workspace_floats(self) -> int:
+        """float32 elements of group partials (0 with one group)."""
+        return len(self.outputs) * self.groups * self.params if self.groups > 1 else 0
+
+    def describe(self) -> str:
+        """One line: the column kernel's tiling and where its parameter gradients go."""
+        dest = ("written directly" if self.groups == 1 else
+                f"per-group partials ({self.groups} x {self.params}) added in group order by normc_bwd_cols_finish")
+        return (f"dx columns: {self.chunks} chunks of {self.threads} threads x {self.per} x {self.vec}, "
+                f"{self.groups} row groups of {self.rows_per_group} rows ({self.unroll} at a time), "
+                f"grid={self.grid} block={self.threads}; "
+                f"{'+'.join(self.outputs)} {dest}")
+
+
+@dataclass(frozen=True)
 class BackwardPlan:
     """Everything the backward kernels need: the dx reduction and the parameter reductions.
 
@@ -219,6 +310,7 @@ class BackwardPlan:
         arch, sms: target and multiprocessor count the grids were sized for.
         fused: the :class:`FusedPlan` when dx runs as the fused register kernel (``dx`` then only describes
             the row reduction; ``params`` holds the parameter reductions it does not produce), else ``None``.
+        cols: the :class:`ColsPlan` when dx is written by the column kernel (``dx.sums_only``), else ``None``.
         why: reasons, one line each.
     """
 
@@ -236,12 +328,14 @@ class BackwardPlan:
     arch: str
     sms: int
     fused: FusedPlan | None = None
+    cols: ColsPlan | None = None
     why: tuple = field(default=(), compare=False)
 
     @property
     def workspace_floats(self) -> int:
         """float32 scratch elements one backward call needs (0: no workspace)."""
         fz = self.fused.workspace_floats if self.fused is not None else 0
+        fz += self.cols.workspace_floats if self.cols is not None else 0
         return fz + sum(r.workspace_floats for r in ((() if self.fused else (self.dx,)) + self.params))
 
     def to_dict(self) -> dict:
@@ -262,7 +356,10 @@ class BackwardPlan:
             lines.append(self.fused.describe())
             lines += [r.describe() for r in self.params]
         else:
-            lines += [r.describe() for r in (self.dx,) + self.params]
+            lines.append(self.dx.describe())
+            if self.cols is not None:
+                lines.append(self.cols.describe())
+            lines += [r.describe() for r in self.params]
         lines += [f"why:      {w}" for w in self.why]
         return "\n".join(lines)
 
@@ -431,6 +528,40 @@ def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why):
     return fz, rest
 
 
+def _cols_plan(p, dx, outputs, dbytes, sms, ws_offset, forced, why):
+    """The :class:`ColsPlan` writing dx and ``outputs`` (lane-route gradients) of a general inner dx."""
+    V = dx.vec
+    nc = p.reduced // V
+    T = max(32, min(COLS_THREADS, _pow2_ceil(nc)))  # short rows: down to one warp per CTA
+    keys = dx.keys
+    traffic = keys * p.reduced * (2 * dbytes["x"] + dbytes["out"])
+    gcap = max(1, min(keys, traffic // (len(outputs) * p.reduced * 8 * COLS_PARTIAL_FRACTION)))
+    per_sm = COLS_CTAS_PER_SM * (COLS_THREADS // T)
+    want = per_sm * sms
+    # as many values per thread as fit, fewer when the chunks times the row groups allowed would not make
+    # `want` CTAs (few rows: 4 x 400001 gets 521 chunks of 3 values per thread, not 98 of 16)
+    per = min(max(1, COLS_MAX_VALUES // V), -(-nc // (T * -(-want // gcap))))
+    chunks = -(-nc // (T * per))
+    per = -(-nc // (chunks * T))  # the same chunks, as few vectors per thread as cover the row
+    # row groups: whole waves (at most `want` CTAs; never a few CTAs in a last wave of their own)
+    groups = max(1, min(gcap, want // chunks))
+    if forced:
+        groups = min(FORCED_SPLITS, keys)
+    groups = max(groups, -(-keys // COLS_MAX_GROUP_ROWS))
+    rpg = -(-keys // groups)
+    groups = -(-keys // rpg)
+    row_bytes = T * per * V * (dbytes["x"] + dbytes["out"])  # x and dy loads of a row, per CTA
+    unroll = max(1, min(COLS_MAX_UNROLL, rpg, -(-COLS_LOAD_BYTES * T // row_bytes)))
+    unroll = -(-rpg // -(-rpg // unroll))  # the same trips, evened out (4 rows: 2 + 2, not 3 + 1 masked)
+    cp = ColsPlan(threads=T, per=per, vec=V, chunks=chunks, groups=groups, rows_per_group=rpg,
+                  grid=chunks * groups, outputs=tuple(outputs), params=p.reduced, keys=keys,
+                  sum_splits=dx.splits, ws_offset=ws_offset, unroll=unroll, min_ctas=min(32, per_sm))
+    why.append(f"{'+'.join(outputs)}: vary along the row only: accumulated by the column kernel that writes dx "
+               f"({chunks} column chunks x {groups} row groups of {rpg} rows), x and dy read twice, not three "
+               f"times")
+    return cp
+
+
 def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True, need_dshift=True,
                        dshift_dtype=None, arch="sm_90", sms=DEFAULT_SMS, schedule=None) -> BackwardPlan:
     """Plan the gradient kernels of a forward :class:`normc.problem.Problem`.
@@ -464,7 +595,7 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
         want.append(("dscale", "scale"))
     if need_dshift and p.shift_dtype is not None:
         want.append(("dshift", "shift"))
-    fused = None
+    fused = cols = None
     if schedule not in ("split", "looped"):
         fused, want = _fused_plan(p, dx, want, dbytes, sms, 0, why)
     if fused is None:
@@ -477,6 +608,11 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
             dx = replace(dx, row_outputs=row, row_ws_offset=dx.workspace_floats)
             dx_why.append(f"{'+'.join(row)}: constant along each row: from dx's per-row sums of "
                           f"{', '.join(sums)}, added per parameter element by normc_bwd_row_finish")
+        lane = [o for o, t in want if _route(p.axes, t) == "lane"]
+        if COLS and not row and lane and dx.strategy == "inner":
+            dx = replace(dx, sums_only=True)
+            want = [(o, t) for o, t in want if o not in lane]
+            cols = _cols_plan(p, dx, lane, dbytes, sms, dx.workspace_floats, forced, dx_why)
         why[:0] = dx_why
     groups = []
     if len(want) == 2 and all(a.scale == a.shift for a in p.axes):
@@ -485,6 +621,7 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
         groups += [((o,), t) for o, t in want]
     params = []
     off = fused.workspace_floats if fused is not None else dx.workspace_floats
+    off += cols.workspace_floats if cols is not None else 0
     for outs, key in groups:
         axes = _param_axes(p.axes, key)
         rp = _reduce_plan("param", outs, axes, key, tuple(_sum_name(o) for o in outs), dbytes, aligns, None, sms,
@@ -493,6 +630,8 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
         off += rp.workspace_floats
         params.append(rp)
     produced = {o for r in params for o in r.outputs} | set(dx.row_outputs)
+    if cols is not None:
+        produced |= set(cols.outputs)
     if fused is not None:
         produced |= set(fused.lane_outputs + fused.row_outputs)
     return BackwardPlan(
@@ -500,5 +639,5 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
         dscale_dtype=p.scale_dtype if "dscale" in produced else None,
         dshift_dtype=(dshift_dtype or p.shift_dtype) if "dshift" in produced else None,
         dx=dx, params=tuple(params), kept=p.kept, reduced=p.reduced, arch=arch, sms=sms, fused=fused,
-        why=tuple(why),
+        cols=cols, why=tuple(why),
     )

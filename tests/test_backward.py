@@ -16,6 +16,7 @@ import pytest
 import normc
 from conftest import BN, GN, IN1, IN2, IN3, LN, NHWC, RMS_TEXT, make_param, make_x, memory_order, np_dtype, rel_err
 from normc.runtime.backward import plan_backward
+from normc.lowering.backward import generate_backward, kernel_count
 
 RMS = normc.spec(RMS_TEXT, eps=1e-6)
 BN1 = "n c : norm over n ; scale c ; shift c"
@@ -117,10 +118,69 @@ def test_layer_norm(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_layer_norm_general_path(dtype):
-    # schedule="looped" keeps the general kernels: two-pass dx, then the outer parameter reduction
+    # schedule="looped" keeps the general kernels: the row sums, then the column kernel writes dx and dscale /
+    # dshift (x and dy read twice)
     _, plan = run_bwd(LN, make_x((5, 12), dtype), schedule="looped")
-    assert plan.fused is None and plan.dx.strategy == "inner" and plan.params[0].strategy == "outer"
-    assert plan.params[0].outputs == ("dscale", "dshift")
+    assert plan.fused is None and plan.dx.strategy == "inner" and plan.dx.sums_only and plan.params == ()
+    assert plan.cols.outputs == ("dscale", "dshift") and plan.cols.groups == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_layer_norm_three_pass_path(dtype, monkeypatch):
+    # with the column pass off: two-pass dx, then the outer parameter reduction re-reading x and dy
+    import normc.backward_plan as bpm
+
+    monkeypatch.setattr(bpm, "COLS", False)
+    _, plan = run_bwd(LN, make_x((5, 12), dtype), schedule="looped")
+    assert plan.fused is None and plan.cols is None and not plan.dx.sums_only
+    assert plan.params[0].strategy == "outer" and plan.params[0].outputs == ("dscale", "dshift")
+
+
+# the column pass: one row group (gradients written directly) or several (partials added in group order),
+# split row sums, odd rows (scalar, masked tail), ragged groups, several summed axes in another memory order,
+# rms without shift, 16-bit x with float32 parameters
+@pytest.mark.parametrize("spec,shape,dtype,perm,pdtype,schedule", [
+    (LN, (7, 45), "float32", None, None, "looped"),
+    (LN, (7, 45), "float32", None, None, "split"),
+    (LN, (3, 1030), "float16", None, "float32", "split"),
+    ("t d : rms over d ; scale d", (5, 33), "bfloat16", None, None, "split"),
+    ("n c h w : norm over c h w ; scale c h w ; shift c h w", (3, 5, 4, 6), "float32", NHWC, None, "looped"),
+    ("n c h w : norm over c h w ; scale c h w ; shift c h w", (5, 3, 2, 7), "bfloat16", NHWC, None, "split"),
+    ("t d : norm over d ; shift d", (9, 40), "float32", None, None, "split"),
+], ids=["direct", "groups", "f16-split", "rms-bf16", "nhwc-3axes", "nhwc-bf16-groups", "shift-only"])
+def test_column_pass(spec, shape, dtype, perm, pdtype, schedule):
+    _, plan = run_bwd(spec, make_x(shape, dtype, perm=perm), pdtype=pdtype, schedule=schedule)
+    cp = plan.cols
+    assert plan.fused is None and plan.dx.sums_only and plan.params == () and cp is not None
+    assert cp.groups == (2 if schedule == "split" else 1) and plan.dx.splits == cp.sum_splits
+    names = [k.name for k in generate_backward(plan)]
+    assert names == ["normc_bwd_dx_partial", "normc_bwd_dx_cols"] + (["normc_bwd_cols_finish"] if cp.groups > 1
+                                                                       else [])
+    assert kernel_count(plan) == len(names)
+
+
+def test_column_pass_warp_row_sums(monkeypatch):
+    # many split partials per row: one warp adds each row's partials (lanes striding, then an xor butterfly)
+    from normc.lowering.backward import _Cols
+
+    monkeypatch.setattr(_Cols, "WARP_SPLITS", 1)
+    _, plan = run_bwd(LN, make_x((3, 70), "float32"), schedule="split")
+    assert plan.cols.sum_splits == 2
+    assert "shfl_xor" in generate_backward(plan)[1].source
+
+
+def test_column_pass_determinism():
+    f = normc.compile(LN, schedule="split")
+    rng = np.random.default_rng(5)
+    x = make_x((6, 50), "float32")
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    scale = rng.standard_normal(50).astype(np.float32)
+    shift = rng.standard_normal(50).astype(np.float32)
+    _, mean, rstd = f(x, scale, shift, return_stats=True)
+    a = f.backward(dy, x, mean, rstd, scale)
+    b = f.backward(dy, x, mean, rstd, scale)
+    for u, v in zip(a, b):
+        assert np.array_equal(np.asarray(u).view(np.uint32), np.asarray(v).view(np.uint32))
 
 
 def test_rms_norm_bf16():
@@ -321,12 +381,12 @@ def test_row_sums_general_path(spec, shape, perm, dtype, schedule, sums, strateg
 
 @pytest.mark.parametrize("spec,shape,perm,schedule", [
     (_spec(GN, g=2), (2, 6, 3, 3), NHWC, "looped"),  # scale g k: k is summed in the rows
-    (LN, (5, 12), None, "looped"),  # scale d: varies along the row
+    (LN, (5, 12), None, "looped"),  # scale d: varies along the row (column pass)
     ("t d : rms over d ; scale d", (3, 40), None, "split"),
 ], ids=["gn-nhwc", "ln-looped", "rms-split"])
 def test_row_sums_not_for_parameters_along_the_row(spec, shape, perm, schedule):
     _, plan = run_bwd(spec, make_x(shape, "float32", perm=perm), schedule=schedule)
-    assert plan.fused is None and plan.dx.row_outputs == () and plan.params
+    assert plan.fused is None and plan.dx.row_outputs == () and (plan.params or plan.cols)
     assert plan.dx.sums == (("g", "gx") if _spec(spec).stat == "norm" else ("gx",))
     assert "normc_bwd_row_finish" not in plan.describe()
 
@@ -388,8 +448,8 @@ def _anchor_backward_plans(rows=None):
 
 def test_anchor_rows_read_x_and_dy_twice():
     # every anchor row whose parameters are constant along the rows (instance norm in any layout, batch norm)
-    # and that is not fused now reads x and dy twice (dx's two passes); layer norm too long for registers and
-    # group norm keep the parameter reduction (three reads)
+    # and that is not fused now reads x and dy twice (dx's two passes); so does layer norm too long for
+    # registers (the column pass); group norm keeps the parameter reduction (three reads)
     from normc.bench import backward_passes
 
     for i, row, bp in _anchor_backward_plans():
@@ -399,8 +459,10 @@ def test_anchor_rows_read_x_and_dy_twice():
         elif fam in ("instance", "batch"):
             assert bp.params == () and bp.dx.row_outputs == ("dscale", "dshift"), i
             assert backward_passes(bp) == 2, i
+        elif fam in ("layer", "rms"):
+            assert bp.params == () and bp.cols is not None and backward_passes(bp) == 2, i
         else:
-            assert fam in ("layer", "rms", "group") and bp.params and backward_passes(bp) == 3, i
+            assert fam == "group" and bp.params and backward_passes(bp) == 3, i
 
 
 # one anchor row per dx kernel shape: outer (f32, f16), outer split (f16, f32, 528 CTAs), inner (f16, f32),
@@ -420,6 +482,22 @@ def test_anchor_row_sum_kernels_assemble_without_spills(row):
         assert 0 < use.registers <= 65536 // k.block
 
 
+# the column kernels of layer/RMS anchor rows too long for the fused kernel: no spills, and the launch bound
+# of two 256-thread CTAs per SM kept (at most 128 registers). Not 4 x 10000001 (row 44): 16 scalar slots per
+# thread take 219 registers, the bound would spill and is dropped (one CTA per SM)
+@pytest.mark.parametrize("row", [36, 39, 43, 51, 52])
+def test_anchor_column_kernels_assemble_without_spills(row):
+    from normc.lowering import assemble, lower_backward
+
+    ((_, _, plan),) = _anchor_backward_plans([row])
+    assert plan.cols is not None and plan.cols.min_ctas == 2
+    for k in lower_backward(plan):
+        _, use = assemble(k.ptx, "sm_90")
+        assert use.spill_stores == 0 and use.spill_loads == 0 and use.stack == 0, (k.entry, use.log)
+        if "normc_bwd_dx_cols" in k.entry:
+            assert use.registers <= 128, use.registers
+
+
 # ----------------------------------------------------------------------------------------------------
 # plans of large shapes (not run)
 
@@ -432,9 +510,21 @@ def test_tall_layer_norm_spreads_param_partials():
     assert fz.grid >= 132 and fz.groups_per_cta > 100  # >= 1 CTA per SM, each looping over many rows
     assert plan.workspace_floats == 2 * fz.grid * 128 <= 2 * 4 * 132 * 128  # small partial workspace
     assert "per-CTA partials" in plan.describe()
-    # the general path (schedule="looped") splits the parameter reduction's rows over >= 132 CTAs
+    # the general path (schedule="looped"): the column kernel spreads its row groups over >= 132 CTAs
     plan = plan_backward("b t d : norm over d ; scale d ; shift d", (1, 1048576, 128), "bfloat16",
                          schedule="looped")
+    cp = plan.cols
+    assert plan.params == () and cp.grid >= 4 * 132 and cp.chunks == 1
+    assert cp.workspace_floats * 8 <= 1048576 * 128 * 6 / 16  # partials under 1/16 of the traffic
+    # without the column pass it splits the parameter reduction's rows over >= 132 CTAs
+    import normc.backward_plan as bpm
+
+    bpm.COLS = False
+    try:
+        plan = plan_backward("b t d : norm over d ; scale d ; shift d", (1, 1048576, 128), "bfloat16",
+                             schedule="looped")
+    finally:
+        bpm.COLS = True
     (pr,) = plan.params
     assert pr.strategy == "outer" and pr.grid >= 132 and pr.splits == pr.grid and pr.vec == 8
     assert plan.workspace_floats == pr.splits * 128 * 2 and "split over" in plan.describe()
@@ -451,9 +541,37 @@ def test_wide_layer_norm_and_nhwc_instance_plans():
     # scale c is constant along each row: dscale/dshift from dx's per-row sums, no parameter reduction
     assert plan.params == () and plan.dx.row_outputs == ("dscale", "dshift") and plan.dx.sums == ("dy", "dyx")
     assert plan.workspace_floats == 2 * 256 * 128
-    # rows too long for registers keep the general (two-pass) path
+    # rows too long for registers take the row sums, then the column pass
     plan = plan_backward(LN, (64, 16384), "float32")
-    assert plan.fused is None and plan.params[0].outputs == ("dscale", "dshift")
+    assert plan.fused is None and plan.params == () and plan.cols.outputs == ("dscale", "dshift")
+    # 4 x 10000001 (odd: scalar) float32: 132 split partials per row, one row group (gradients written
+    # directly), thousands of column chunks
+    plan = plan_backward(LN, (4, 10000001), "float32")
+    cp = plan.cols
+    assert plan.dx.splits == cp.sum_splits >= 132 and cp.groups == 1 and cp.vec == 1 and cp.grid >= 2000
+    assert plan.workspace_floats == plan.dx.splits * 4 * 2
+
+
+def test_column_plan_tiling():
+    # 16384 x 16384 bfloat16: one full wave of two 256-thread CTAs per SM (4 chunks x 66 row groups), 16
+    # values per thread per row and 2 rows per trip (128 B of x and dy loads in flight per thread)
+    cp = plan_backward(LN, (16384, 16384), "bfloat16").cols
+    assert (cp.chunks, cp.groups, cp.grid, cp.min_ctas, cp.unroll) == (4, 66, 264, 2, 2)
+    assert cp.per * cp.vec == 16 and cp.groups * cp.rows_per_group >= 16384
+    # float32: 16 values are 128 B already, one row per trip; never more than one wave of CTAs
+    cp = plan_backward(LN, (10000, 10000), "float32").cols
+    assert cp.unroll == 1 and cp.grid <= 264 and cp.groups > 1
+    # 4 rows: 2 trips of 2 rows, not 3 + 1 (two masked)
+    cp = plan_backward(LN, (4, 400001), "float32").cols
+    assert cp.rows_per_group == 4 and cp.unroll == 2 and cp.vec == 1
+    # very many rows: groups of at most COLS_MAX_GROUP_ROWS (their means sit in static shared memory)
+    from normc.backward_plan import COLS_MAX_GROUP_ROWS
+
+    plan = plan_backward(LN, (2_000_000, 10000), "bfloat16")
+    cp = plan.cols
+    assert cp.rows_per_group <= COLS_MAX_GROUP_ROWS and cp.groups * cp.rows_per_group >= 2_000_000
+    ks = generate_backward(plan)
+    assert ks[1].name == "normc_bwd_dx_cols" and ks[1].shared_bytes <= 48 * 1024
 
 
 # ----------------------------------------------------------------------------------------------------
