@@ -524,8 +524,10 @@ def grad_errors(got, ref, dtype) -> dict:
 
 def backward_passes(bp) -> int:
     """Times a :class:`normc.backward_plan.BackwardPlan` reads x and dy: 1 for the fused kernel, 2 for the
-    general dx kernel (its parameter gradients, if any, from per-row sums), +1 when a parameter reduction
-    re-reads them (parameters that vary along the rows: layer norm's ``scale d``, group norm's ``scale g k``)."""
+    general dx kernel (its parameter gradients, if any, from per-row sums) and for the column pass (row sums,
+    then dx with the parameter gradients), +1 when a parameter reduction re-reads them (parameters that vary
+    along the rows without a column pass: group norm's ``scale g k``; layer norm's ``scale d`` with
+    ``normc.backward_plan.COLS`` off)."""
     return (1 if bp.fused is not None else 2) + (1 if bp.params else 0)
 
 
@@ -539,7 +541,8 @@ def _backward_plan_info(f):
     if bp.fused is not None:
         bwd = "fused"
     else:
-        bwd = bp.dx.strategy + ("/split" if bp.dx.splits > 1 else "")
+        bwd = bp.dx.strategy + ("/cols" if getattr(bp, "cols", None) is not None else "") + (
+            "/split" if bp.dx.splits > 1 else "")
     return f"{fplan.strategy}/{fplan.schedule}", bwd, len(bentry.kernels), passes
 
 
@@ -884,9 +887,9 @@ def markdown_backward(result) -> str:
         "groups)), e.g. min(T, SMs) x D per gradient for layer norm; longer rows: SMs per row sum and per "
         "parameter element constant along the row); re-reads are not counted. **floor (fwd+bwd)** adds x read, "
         "y written, scale and shift read, mean and rstd written. `bwd plan`: normc's dx kernel (fused, else the "
-        "general inner or outer one, /split when split) and its number of kernels (k); `passes`: times it reads "
-        "x and dy (1: fused; 2: the general dx kernel, parameter gradients from its per-row sums; 3: plus a "
-        "parameter reduction re-reading them).",
+        "general inner or outer one, /cols with the column pass, /split when split) and its number of kernels (k); "
+        "`passes`: times it reads x and dy (1: fused; 2: the general dx kernel, parameter gradients from its "
+        "per-row sums, or the row sums then the column pass; 3: plus a parameter reduction re-reading them).",
         f"- Gradients: each peer's dx, dscale and dshift against normc's, max|peer - normc| / max|normc| <= "
         f"{tol}; `!` marks a mismatch. torch.compile: {comp}.", ""]
     lines += _session_lines(meta) + _pending_lines(meta)
