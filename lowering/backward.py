@@ -49,6 +49,16 @@ _SUM = {"dscale": "dyx", "dshift": "dy"}  # the sum each parameter gradient is m
 ROW_FINISH_WARP_ROWS = 32
 
 
+def _ordered_sum(g, pairs, lanes, stride, idx, var):
+    """Emit, for each ``(dst, src)`` of ``pairs``, ``dst = src[idx] + src[stride + idx] + ...`` over ``lanes``
+    shared-memory slots added in slot order (loop variable ``var``): a fixed, deterministic order."""
+    for dst, src in pairs:
+        g(f"{dst} = {src}[{idx}]")
+    with g.block(f"for {var} in range(1, {lanes}):"):
+        for dst, src in pairs:
+            g(f"{dst} = {dst} + {src}[{var} * {stride} + {idx}]")
+
+
 class _Red(_Emitter):
     """Generator of one :class:`normc.backward_plan.ReducePlan`'s kernels."""
 
@@ -380,10 +390,15 @@ class _Red(_Emitter):
                 for q in self.Q:
                     g(f"t_{q} = F32(0.0)")
                 with g.block("if gok:"):
-                    with g.block(f"for k in range({S}):"):
+                    if rp.merged:  # added once by normc_bwd_dx_merge
                         for i, q in enumerate(self.Q):
-                            g(f"t_{q} = t_{q} + ld1_f32(wp, {W} + (k * {rp.keys} + gk) * {rp.nq} + {i})")
-                self.store_rows(g, "gok and sp_ == 0", "gk", "t_")
+                            g(f"t_{q} = ld1_f32(wp, {rp.merge_offset} + gk * {rp.nq} + {i})")
+                    else:
+                        with g.block(f"for k in range({S}):"):
+                            for i, q in enumerate(self.Q):
+                                g(f"t_{q} = t_{q} + ld1_f32(wp, {W} + (k * {rp.keys} + gk) * {rp.nq} + {i})")
+                if not rp.merged:
+                    self.store_rows(g, "gok and sp_ == 0", "gk", "t_")
                 for q in self.Q:
                     g(f"sQ_{q}[lc] = t_{q}")
             g("cuda.syncthreads()")
@@ -401,11 +416,7 @@ class _Red(_Emitter):
                         g(f"sQ_{q}[ry * {T} + cx * {V} + {j}] = a_{q}{j}")
             g("cuda.syncthreads()")
             with g.block(f"for lc in range(tid, {T}, {rp.threads}):"):
-                for q in self.Q:
-                    g(f"t_{q} = sQ_{q}[lc]")
-                with g.block(f"for k in range(1, {RY}):"):
-                    for q in self.Q:
-                        g(f"t_{q} = t_{q} + sQ_{q}[k * {T} + lc]")
+                _ordered_sum(g, [(f"t_{q}", f"sQ_{q}") for q in self.Q], RY, T, "lc", "k")
                 g(f"gok = tile * {T} + lc < {CB}")
                 g(f"gk = {gkey}")
                 if mode in ("partial", "direct"):
@@ -429,7 +440,42 @@ class _Red(_Emitter):
                     bo = offs_at("r")
                     vals = self.values(g, bo, varies)
                     self.emit_dx(g, vals, c1, c2, bo["out"])
-        return KernelSource(name, g.text(), rp.grid, rp.threads, self.shared, self.ptypes())
+        return KernelSource(name, g.text(), rp.grid, rp.threads, self.shared, self.ptypes(), min_ctas=rp.min_ctas)
+
+    def merge_kernel(self):
+        """``normc_bwd_dx_merge``: adds each row's ``splits`` partial sums once, in a fixed order, to
+        ``rp.merge_offset`` (and the per-row sums of ``rp.row_outputs`` to theirs). A 256-thread CTA takes
+        ``KPC`` consecutive rows; its ``256 / KPC`` split lanes stride over the splits in order, then one thread
+        per row adds the lanes' sums in lane order from shared memory. ``KPC`` is the power of two (up to 32)
+        that leaves at least 64 CTAs (one row per CTA below 128 rows)."""
+        rp = self.rp
+        S, K, NQ = rp.splits, rp.keys, rp.nq
+        KPC = 1
+        while KPC < 32 and K // (2 * KPC) >= 64:
+            KPC *= 2
+        SL = 256 // KPC
+        g = _Src()
+        self.shared = 0
+        self.prologue(g, "normc_bwd_dx_merge")
+        g(f"kl = tid % {KPC}")
+        g(f"sl = tid // {KPC}")
+        g(f"k = bid * {KPC} + kl")
+        g(f"kc = min(k, {K - 1})")
+        for i, q in enumerate(self.Q):
+            self.smem(g, f"sM_{q}", 256)
+            g(f"t_{q} = F32(0.0)")
+        with g.block(f"for s in range(sl, {S}, {SL}):"):
+            for i, q in enumerate(self.Q):
+                g(f"t_{q} = t_{q} + ld1_f32(wp, {rp.ws_offset} + (s * {K} + kc) * {NQ} + {i})")
+        for q in self.Q:
+            g(f"sM_{q}[tid] = t_{q}")
+        g("cuda.syncthreads()")
+        with g.block(f"if sl == 0 and k < {K}:"):
+            _ordered_sum(g, [(f"u_{q}", f"sM_{q}") for q in self.Q], SL, KPC, "kl", "w")
+            for i, q in enumerate(self.Q):
+                g(f"st1_f32(wp, {rp.merge_offset} + k * {NQ} + {i}, u_{q})")
+            self.store_rows(g, "True", "k", "u_")
+        return KernelSource("normc_bwd_dx_merge", g.text(), -(-K // KPC), 256, self.shared, self.ptypes())
 
     def param_finish(self):
         rp, b = self.rp, self.bp
@@ -545,6 +591,8 @@ class _Red(_Emitter):
                 out = [gen("fused")]
             else:
                 out = [gen("partial")]
+                if rp.merged:
+                    out.append(self.merge_kernel())
                 self.shared = 0
                 out.append(gen("finish"))
             for grp in self.row_groups(rp.row_outputs):
@@ -930,7 +978,7 @@ class _Fused(_Red):
 
 def generate_backward(bplan) -> list:
     """Python sources of the backward kernels of a :class:`normc.backward_plan.BackwardPlan`, in launch
-    order: the dx kernel(s) (1, or 2 when split), then for each parameter reduction 1 kernel (2 when split).
+    order: the dx kernel(s) (1; 2 when split; 3 when an outer split merges its partials in a kernel of its own), then for each parameter reduction 1 kernel (2 when split).
     Every kernel takes the nine pointers of this module's docstring."""
     out = []
     reds = tuple(bplan.params)
@@ -954,7 +1002,8 @@ def kernel_count(bplan) -> int:
     elif bplan.dx.sums_only:
         n += 1 + 1 + (1 if bplan.cols.groups > 1 else 0)
     else:
-        n += (2 if bplan.dx.splits > 1 else 1) + len(_Red(bplan, bplan.dx).row_groups(bplan.dx.row_outputs))
+        n += ((3 if bplan.dx.merged else 2) if bplan.dx.splits > 1 else 1) + len(
+            _Red(bplan, bplan.dx).row_groups(bplan.dx.row_outputs))
     return n
 
 

@@ -67,6 +67,24 @@ FUSED_MAX_VALUES = 16
 # while the parameter partials would exceed 1/FUSED_PARTIAL_FRACTION of the kernel's own traffic.
 FUSED_THREADS_PER_SM = 512
 FUSED_PARTIAL_FRACTION = 16
+# Outer splits (innermost axis kept): CTAs per SM the grid aims for, and whether the split kernels carry the
+# launch bound .minnctapersm of that many CTAs (at most 64 registers; dropped when that spills). Unbounded they
+# took 71-80 registers (3 CTAs per SM for a grid of 4 per SM: a partial second wave). Measured on the H200
+# (tests/gpu_backward_ab.py, 2026-12-03, one run), backward us, unbounded / bound 4 / 3 per SM bound / 2 bound:
+# NDHWC f16 (2, 32, 128^3) 391.4 / 336.9 / 343.9 / 373.8; (2, 64, 64^3) 113.3 / 98.1 / 97.5 / 105.4;
+# (2, 128, 32^3) 35.9 / 28.9 / 29.3 / 31.3; NDHWC f32 (2, 32, 128^3) 660.7 / 647.7 / 655.1 / 712.0;
+# (8, 256, 32^3) 333.0 / 327.4 / 349.5 / 365.4; NHWC f32 (1, 128, 160, 160) 26.6 / 23.5 / 22.9 / 23.7;
+# NHWC batch statistics f16 (256, 256, 28, 28) 164.1 / 157.0 / 143.0 / 157.6 (its finish kernel spills at
+# 64 registers, keeps 72 and runs 3 per SM: the one row where 3 per SM is faster); others within 3%.
+OUTER_SPLIT_CTAS_PER_SM = SPLIT_CTAS_PER_SM
+OUTER_SPLIT_BOUND = 1
+# dx outer split: merge each row's split partials once in their own kernel (ReducePlan.merged) rather than in
+# every finish CTA. Each of the S finish CTAs of a column tile used to add all S partials of its columns: S^2 x
+# tile x sums float32 reads, 571 MB from L2 for NHWC batch statistics (256, 256, 28, 28) (S = 528, tile 256).
+# Measured on the H200 (tests/gpu_backward_ab.py, 2026-12-03), backward us without -> with: that row 207.9 ->
+# 164.5; NHWC f32 (1, 128, 160, 160) 58.0 -> 28.8, (1, 32, 640, 640) 114.2 -> 83.5, (1, 64, 320, 320) 83.1 ->
+# 49.8; NDHWC f16 (2, 128, 32^3) 54.7 -> 37.0, (2, 64, 64^3) 135.4 -> 114.9; f32 (8, 256, 32^3) 366.7 -> 336.5.
+DX_MERGE = True
 # Column pass (ColsPlan): on/off (A/B measurements; off gives the three-pass general path).
 COLS = True
 # Column kernel: threads per CTA, and at most this many elements per thread per row (vectors x vec): its scale
@@ -126,6 +144,10 @@ class ReducePlan:
             re-reading x and dy).
         sums_only: dx only: the kernel takes the row sums and writes them to the workspace (per split, even
             when not split); dx is written by the column kernel of :class:`ColsPlan`.
+        min_ctas: the launch bound of the split kernels (CTAs per SM; 0: none).
+        merged: dx outer split only: ``normc_bwd_dx_merge`` adds each row's split partials once (to
+            ``merge_offset``, and writes the per-row sums of ``row_outputs``) before the finish kernel, whose
+            CTAs then read one merged sum per column instead of every split's partial.
     """
 
     role: str
@@ -152,12 +174,21 @@ class ReducePlan:
     row_outputs: tuple = ()
     row_ws_offset: int = 0
     sums_only: bool = False
+    merged: bool = False
+    min_ctas: int = 0
 
     @property
     def workspace_floats(self) -> int:
-        """float32 elements of partial sums this reduction needs (split partials, then per-row sums)."""
+        """float32 elements of partial sums this reduction needs (split partials, per-row sums, merged sums)."""
         part = self.splits > 1 or self.sums_only
-        return (self.splits * self.keys * self.nq if part else 0) + self.keys * len(self.row_outputs)
+        return ((self.splits * self.keys * self.nq if part else 0) + self.keys * len(self.row_outputs)
+                + (self.keys * self.nq if self.merged else 0))
+
+    @property
+    def merge_offset(self) -> int:
+        """float32 offset of the merged row sums (``merged``): after the split partials and per-row sums."""
+        part = self.splits > 1 or self.sums_only
+        return self.ws_offset + (self.splits * self.keys * self.nq if part else 0) + self.keys * len(self.row_outputs)
 
     def describe(self) -> str:
         """One line: what this reduction computes (dx or dscale/dshift), its axes (S summed, K kept) and tiling."""
@@ -167,7 +198,7 @@ class ReducePlan:
             til = f"vec={self.vec} threads/row={self.tpr} rows/CTA={self.rows_per_cta}"
         else:
             til = f"vec={self.vec} column tile={self.tile} (x-threads={self.nxc}, y-threads={self.ry})"
-        nk = 1 if self.sums_only else 2 if self.splits > 1 else 1
+        nk = 1 if self.sums_only else 3 if self.merged else 2 if self.splits > 1 else 1
         if self.sums_only:
             til += " (row sums only: dx by the column kernel)"
         rows = (f"; {'+'.join(self.row_outputs)} from its per-row sums ({','.join(self.sums)}), added by "
@@ -423,7 +454,7 @@ def _reduce_plan(role, outputs, axes, key, sums, dbytes, aligns, scale_info, sms
     base = (keys // cb) * -(-cb // tile)
     splits = 1
     if base < sms:
-        splits = max(1, min(-(-SPLIT_CTAS_PER_SM * sms // base), reduced // (ry * LOOP_UNROLL)))
+        splits = max(1, min(-(-OUTER_SPLIT_CTAS_PER_SM * sms // base), reduced // (ry * LOOP_UNROLL)))
     if forced:
         splits = FORCED_SPLITS
     if splits > 1:
@@ -434,7 +465,8 @@ def _reduce_plan(role, outputs, axes, key, sums, dbytes, aligns, scale_info, sms
         why.append(f"{name}: innermost axis kept: lanes along {cb} columns, {base} column tiles, rows over "
                    f"{ry} y-threads")
     return ReducePlan(role, outputs, "outer", axes, key, keys, reduced, nq, vec, scale_vec, stat_vec,
-                      threads, 0, 0, nxc, ry, tile, splits, base * splits, 0, sums)
+                      threads, 0, 0, nxc, ry, tile, splits, base * splits, 0, sums,
+                      min_ctas=OUTER_SPLIT_CTAS_PER_SM if splits > 1 and OUTER_SPLIT_BOUND else 0)
 
 
 def _route(axes, tensor):
@@ -613,6 +645,10 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
             dx = replace(dx, sums_only=True)
             want = [(o, t) for o, t in want if o not in lane]
             cols = _cols_plan(p, dx, lane, dbytes, sms, dx.workspace_floats, forced, dx_why)
+        if DX_MERGE and dx.strategy == "outer" and dx.splits > 1 and not dx.sums_only:
+            dx = replace(dx, merged=True)
+            dx_why.append(f"dx: the {dx.splits} split partials of each of the {dx.keys} rows added once by "
+                          f"normc_bwd_dx_merge, not by each finish CTA")
         why[:0] = dx_why
     groups = []
     if len(want) == 2 and all(a.scale == a.shift for a in p.axes):

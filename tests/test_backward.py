@@ -375,8 +375,14 @@ def test_row_sums_general_path(spec, shape, perm, dtype, schedule, sums, strateg
     assert dx.row_outputs == want and dx.sums == sums and dx.nq == len(sums)
     assert dx.splits == (2 if schedule == "split" else 1)
     split_floats = dx.splits * dx.keys * dx.nq if dx.splits > 1 else 0
-    assert dx.row_ws_offset == split_floats and plan.workspace_floats == split_floats + dx.keys * len(want)
+    # an outer split adds its partials once (normc_bwd_dx_merge), into floats after the per-row sums
+    assert dx.merged == (strategy == "outer" and schedule == "split")
+    merged = dx.keys * dx.nq if dx.merged else 0
+    assert dx.row_ws_offset == split_floats and dx.merge_offset == split_floats + dx.keys * len(want)
+    assert plan.workspace_floats == split_floats + dx.keys * len(want) + merged
     assert "normc_bwd_row_finish" in plan.describe()
+    names = [k.name for k in generate_backward(plan)]
+    assert ("normc_bwd_dx_merge" in names) == dx.merged and kernel_count(plan) == len(names)
 
 
 @pytest.mark.parametrize("spec,shape,perm,schedule", [
@@ -476,6 +482,10 @@ def test_anchor_row_sum_kernels_assemble_without_spills(row):
     ks = lower_backward(plan)
     names = [k.source.split("(")[0].split()[-1] for k in ks]
     assert names[-1] == "normc_bwd_row_finish" and not any(n.startswith("normc_bwd_param") for n in names)
+    # an outer split adds its partials once (merge kernel), and its split kernels carry the launch bound
+    dx = plan.dx
+    assert dx.merged == (dx.strategy == "outer" and dx.splits > 1) == ("normc_bwd_dx_merge" in names)
+    assert dx.min_ctas == (4 if dx.strategy == "outer" and dx.splits > 1 else 0)
     for k in ks:
         _, use = assemble(k.ptx, "sm_90")
         assert use.spill_stores == 0 and use.spill_loads == 0 and use.stack == 0, (k.entry, use.log)
