@@ -2,8 +2,9 @@
 
 The simulator runs each CUDA thread as a Python thread and lacks warp shuffles and raw-pointer
 intrinsics. Here pointers are flat numpy arrays (float32, or uint16 holding float16/bfloat16 bits), loads
-and stores convert through numpy, and a shuffle is an exchange through the block's shared state between two
-``syncthreads`` (every generated kernel calls shuffles uniformly across the block, as warps do on the GPU).
+and stores convert through numpy, and a shuffle is an exchange among the 32 threads of a warp between two
+warp barriers (every generated kernel calls shuffles uniformly across each warp, as ``shfl.sync`` with a full
+mask requires on the GPU; different warps may take different paths).
 """
 
 from __future__ import annotations
@@ -78,25 +79,53 @@ def sel(c, a, b):
     return np.float32(a if c else b)
 
 
-def _exchange(v, partner_of):
-    t = threading.current_thread()
+_WARP_LOCK = threading.Lock()
+# A warp barrier not met within this many seconds means a kernel shuffled in code not uniform across the warp
+# (undefined on the GPU too): raise instead of hanging.
+WARP_SYNC_TIMEOUT_S = 300
+
+
+def _warp_barrier(t):
+    """The barrier of ``t``'s warp (its block's threads with the same ``thread_id // 32``), made on first use."""
     mgr = t._manager
-    store = mgr.__dict__.setdefault("_normc_xchg", {})
+    w = t.thread_id // 32
+    bars = mgr.__dict__.setdefault("_normc_warp_bars", {})
+    bar = bars.get(w)
+    if bar is None:
+        with _WARP_LOCK:
+            bar = bars.get(w)
+            if bar is None:
+                n = int(np.prod(mgr._block_dim))
+                bar = bars[w] = threading.Barrier(min(32, n - 32 * w), timeout=WARP_SYNC_TIMEOUT_S)
+    return bar
+
+
+def _exchange(v, partner_of):
+    """Each lane publishes ``v``, the warp meets, each lane reads its partner's, the warp meets again. Only
+    the warp's own lanes take part (as ``shfl.sync`` with a full mask): other warps may be elsewhere, e.g. idle
+    warps of a loop that gives each warp a row."""
+    t = threading.current_thread()
+    store = t._manager.__dict__.setdefault("_normc_xchg", {})
     me = t.thread_id
+    bar = _warp_barrier(t)
     store[me] = v
-    t.syncthreads()
-    out = store[partner_of(me)]
-    t.syncthreads()
+    try:
+        bar.wait()
+        out = store[partner_of(me)]
+        bar.wait()
+    except threading.BrokenBarrierError:
+        raise RuntimeError(f"simulated warp shuffle: warp {me // 32} did not meet within {WARP_SYNC_TIMEOUT_S} s "
+                           "(a shuffle in code that is not uniform across the warp)") from None
     return out
 
 
 def shfl_xor(v, m):
-    """Simulator warp shuffle (xor): an exchange through the block between two barriers."""
+    """Simulator warp shuffle (xor): an exchange among the warp's lanes between two warp barriers."""
     return _exchange(v, lambda me: (me // 32) * 32 + ((me % 32) ^ int(m)))
 
 
 def shfl_idx(v, src):
-    """Simulator warp shuffle (indexed): an exchange through the block between two barriers."""
+    """Simulator warp shuffle (indexed): an exchange among the warp's lanes between two warp barriers."""
     return _exchange(v, lambda me: (me // 32) * 32 + int(src))
 
 
