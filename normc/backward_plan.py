@@ -628,7 +628,8 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
     if need_dshift and p.shift_dtype is not None:
         want.append(("dshift", "shift"))
     fused = cols = None
-    if schedule not in ("split", "looped"):
+    empty = p.kept * p.reduced == 0  # nothing to launch (the runtime returns early): the general plan describes it
+    if schedule not in ("split", "looped") and not empty:
         fused, want = _fused_plan(p, dx, want, dbytes, sms, 0, why)
     if fused is None:
         # parameters constant along every row: their gradients from dx's per-row sums (x and dy read twice)
@@ -641,7 +642,7 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
             dx_why.append(f"{'+'.join(row)}: constant along each row: from dx's per-row sums of "
                           f"{', '.join(sums)}, added per parameter element by normc_bwd_row_finish")
         lane = [o for o, t in want if _route(p.axes, t) == "lane"]
-        if COLS and not row and lane and dx.strategy == "inner":
+        if COLS and not row and lane and dx.strategy == "inner" and not empty:
             dx = replace(dx, sums_only=True)
             want = [(o, t) for o, t in want if o not in lane]
             cols = _cols_plan(p, dx, lane, dbytes, sms, dx.workspace_floats, forced, dx_why)

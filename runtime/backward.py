@@ -31,6 +31,8 @@ class _BEntry:
 
 
 def _c_order(info):
+    if math.prod(info.shape) == 0:  # no element: any strides are C order (torch and numpy agree)
+        return True
     nontrivial = [(n, s) for n, s in zip(info.shape, info.strides) if n > 1]
     return all(nontrivial[i][1] == nontrivial[i + 1][1] * nontrivial[i + 1][0]
                for i in range(len(nontrivial) - 1)) and (not nontrivial or nontrivial[-1][1] == 1)

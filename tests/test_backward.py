@@ -182,6 +182,25 @@ def test_column_pass_warp_row_sums_with_idle_warps(monkeypatch):
         assert cp.sum_splits == 11 and cp.rows_per_group == 1 and cp.threads == 64
 
 
+@pytest.mark.parametrize("schedule", [None, "looped", "split"])
+@pytest.mark.parametrize("spec,shape,perm", [
+    (LN, (0, 40), None), (LN, (5, 0), None), (LN, (0, 0), None),
+    (IN2, (0, 3, 4, 5), NHWC), (IN2, (2, 3, 0, 5), NHWC), (BN1, (0, 6), None),
+], ids=["ln-no-rows", "ln-empty-rows", "ln-0x0", "in2-nhwc-n0", "in2-nhwc-h0", "bn1d-n0"])
+def test_empty_backward(spec, shape, perm, schedule):
+    # zero-size x: no kernel runs; dx is empty and every parameter gradient is a sum of nothing (zeros)
+    sp = _spec(spec)
+    f = normc.compile(sp, schedule=schedule)
+    x = make_x(shape, "float32", perm=perm)
+    psz = {a: n for a, n in zip(sp.axes, shape)}
+    w = np.ones([psz[a] for a in sp.scale], np.float32)
+    b = np.zeros([psz[a] for a in sp.shift], np.float32)
+    _, mean, rstd = f(x, w, b, return_stats=True)
+    dx, dw, db = f.backward(np.zeros_like(x), x, mean, rstd, w)
+    assert dx.shape == x.shape and dw.shape == w.shape and db.shape == b.shape
+    assert not np.any(dw) and not np.any(db)
+
+
 def test_column_pass_determinism():
     f = normc.compile(LN, schedule="split")
     rng = np.random.default_rng(5)
