@@ -461,7 +461,7 @@ class _Red(_Emitter):
         g(f"sl = tid // {KPC}")
         g(f"k = bid * {KPC} + kl")
         g(f"kc = min(k, {K - 1})")
-        for i, q in enumerate(self.Q):
+        for q in self.Q:
             self.smem(g, f"sM_{q}", 256)
             g(f"t_{q} = F32(0.0)")
         with g.block(f"for s in range(sl, {S}, {SL}):"):
