@@ -511,9 +511,7 @@ class _Red(_Emitter):
         g("cuda.syncthreads()")
         with g.block(f"if ty == 0 and k < {P}:"):
             for i, o in enumerate(outputs):
-                g(f"u{i} = sF{i}[cx]")
-                with g.block("for w in range(1, 8):"):
-                    g(f"u{i} = u{i} + sF{i}[w * 32 + cx]")
+                _ordered_sum(g, [(f"u{i}", f"sF{i}")], 8, 32, "cx", "w")
                 g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, k, u{i})")
         return KernelSource(name, g.text(), -(-P // 32), 256, self.shared, self.ptypes())
 
@@ -620,9 +618,8 @@ class _Cols(_Red):
     WARP_SPLITS = 8
 
     def __init__(self, bp):
-        super().__init__(bp, bp.dx)
+        super().__init__(bp, bp.dx)  # the column kernel's vectors are dx's (ColsPlan.vec == dx.vec)
         self.cp = bp.cols
-        self.V = self.cp.vec
 
     def row_means(self, g):
         """Shared-memory mean(g) (``sC1``, norm only) and mean(g*xhat) (``sC2``) of the group's rows."""
@@ -661,6 +658,7 @@ class _Cols(_Red):
         g("cuda.syncthreads()")
 
     def cols_kernel(self):
+        """``normc_bwd_dx_cols`` (see the class docstring)."""
         b, cp, V = self.bp, self.cp, self.V
         T, E, NCH, R = cp.threads, cp.per, cp.chunks, cp.rows_per_group
         NC = b.reduced // V
@@ -986,7 +984,7 @@ def generate_backward(bplan) -> list:
         out += _Fused(bplan).kernels()
     else:
         out += _Red(bplan, bplan.dx).kernels()
-        if getattr(bplan, "cols", None) is not None:
+        if bplan.cols is not None:
             out += _Cols(bplan).kernels()
     for rp in reds:
         out += _Red(bplan, rp).kernels()

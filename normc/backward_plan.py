@@ -178,17 +178,15 @@ class ReducePlan:
     min_ctas: int = 0
 
     @property
-    def workspace_floats(self) -> int:
-        """float32 elements of partial sums this reduction needs (split partials, per-row sums, merged sums)."""
-        part = self.splits > 1 or self.sums_only
-        return ((self.splits * self.keys * self.nq if part else 0) + self.keys * len(self.row_outputs)
-                + (self.keys * self.nq if self.merged else 0))
-
-    @property
     def merge_offset(self) -> int:
         """float32 offset of the merged row sums (``merged``): after the split partials and per-row sums."""
         part = self.splits > 1 or self.sums_only
         return self.ws_offset + (self.splits * self.keys * self.nq if part else 0) + self.keys * len(self.row_outputs)
+
+    @property
+    def workspace_floats(self) -> int:
+        """float32 elements of partial sums this reduction needs (split partials, per-row sums, merged sums)."""
+        return self.merge_offset - self.ws_offset + (self.keys * self.nq if self.merged else 0)
 
     def describe(self) -> str:
         """One line: what this reduction computes (dx or dscale/dshift), its axes (S summed, K kept) and tiling."""

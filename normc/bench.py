@@ -541,7 +541,7 @@ def _backward_plan_info(f):
     if bp.fused is not None:
         bwd = "fused"
     else:
-        bwd = bp.dx.strategy + ("/cols" if getattr(bp, "cols", None) is not None else "") + (
+        bwd = bp.dx.strategy + ("/cols" if bp.cols is not None else "") + (
             "/split" if bp.dx.splits > 1 else "")
     return f"{fplan.strategy}/{fplan.schedule}", bwd, len(bentry.kernels), passes
 
