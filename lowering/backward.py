@@ -11,7 +11,8 @@ mean, rstd and workspace to float32; unused ones may be null. dy and dx share st
 
 Kernels, in launch order (see :mod:`normc.backward_plan`):
 
-* Fused path (``plan.fused``; inner rows that fit in registers): ``normc_bwd_fused`` reads each row's x and dy
+* Fused path (``plan.fused``; inner rows that fit in the registers of a CTA, or of a thread-block cluster whose
+  CTAs add their row sums through distributed shared memory): ``normc_bwd_fused`` reads each row's x and dy
   once into registers, writes dx and accumulates the parameter gradients (per-CTA partials, or per-row sums);
   ``normc_bwd_fparam_finish`` / ``normc_bwd_frow_finish`` add those in a fixed order (:class:`_Fused`).
   Parameter reductions it does not cover follow as ``normc_bwd_param*`` below.
@@ -771,7 +772,14 @@ class _Fused(_Red):
     thread holds, kept across rows), combine the row sums across the lanes (xor butterfly, then shared memory
     in warp order), write dx from the registers, and for the row route write the row's sums. After its rows
     the CTA writes its parameter partials (rows of one CTA at a time combined in row order through shared
-    memory). ``normc_bwd_fparam_finish`` / ``normc_bwd_frow_finish`` add them in a fixed order."""
+    memory). ``normc_bwd_fparam_finish`` / ``normc_bwd_frow_finish`` add them in a fixed order.
+
+    With a cluster (``fused.cluster`` = C > 1, one row per CTA at a time) the C CTAs of cluster ``bid // C``
+    share each row: rank ``cr = bid % C`` holds vectors ``lane + tpr*(cr + C*e)``; after the lanes' sums, thread 0
+    publishes the CTA's row sums in shared memory (two buffers, alternating by row) and, after a cluster barrier,
+    every thread adds the C CTAs' sums in rank order (every CTA gets the same bits). A buffer is rewritten two rows
+    later, after every peer has passed the next row's barrier, i.e. finished reading it. The CTA of rank 0 writes
+    the row-route sums; each CTA writes the lane-route partials of its own elements into its cluster's set."""
 
     def __init__(self, bp):
         super().__init__(bp, bp.dx)
@@ -803,6 +811,8 @@ class _Fused(_Red):
     def fused_kernel(self):
         b, fz, V = self.bp, self.fz, self.V
         E, TPR, RPC, G = fz.per, fz.tpr, fz.rows_per_cta, fz.grid
+        C = fz.cluster
+        GC = G // C  # CTAs (clusters) that loop over the row groups
         NC = b.reduced // V
         keys = fz.keys
         P = fz.lane_params
@@ -812,14 +822,19 @@ class _Fused(_Red):
         self.prologue(g, "normc_bwd_fused")
         g(f"lane = tid % {TPR}" if RPC > 1 else "lane = tid")
         g(f"rloc = tid // {TPR}" if RPC > 1 else "rloc = 0")
-        g(f"g0 = (bid * {fz.groups}) // {G}")
-        g(f"g1 = ((bid + 1) * {fz.groups}) // {G}")
+        if C > 1:
+            g(f"cr = bid % {C}")
+            g(f"cid = bid // {C}")
+        else:
+            g("cid = bid")
+        g(f"g0 = (cid * {fz.groups}) // {GC}")
+        g(f"g1 = ((cid + 1) * {fz.groups}) // {GC}")
         # the vectors this lane holds in every row: offsets relative to the row's bases
         slots = []
         for e in range(E):
             c = g.new("c")
-            g(f"{c} = lane + {e * TPR}")
-            if (e + 1) * TPR > NC:
+            g(f"{c} = lane + {e * TPR}" if C == 1 else f"{c} = lane + {TPR} * (cr + {C * e})")
+            if (e + 1) * TPR * C > NC:
                 okc = g.new("okc")
                 g(f"{okc} = {c} < {NC}")
                 cc = g.new("cc")
@@ -900,6 +915,8 @@ class _Fused(_Red):
                             g(f"s_{q} = s_{q} + {dys[j]} * {xh[j]}" if q == "dyx" else f"s_{q} = s_{q} + {dys[j]}")
                 held.append((ok, o, xh, gs))
             self._lane_sums(g, sums, RPC, TPR)
+            if C > 1:
+                self._cluster_sums(g, sums, C)
             n = float(b.reduced)
             if by_dy:
                 f = "scr * " if smode == "row" else ""
@@ -925,13 +942,14 @@ class _Fused(_Red):
                 else:
                     g(f"stm{V}_{xt}(dp, ob + {o['out']}, {v}, {ok})")
             if row_q:
-                g("wok = rv and lane == 0" if ragged else "wok = lane == 0")
+                w0 = "lane == 0" if C == 1 else "lane == 0 and cr == 0"
+                g(f"wok = rv and {w0}" if ragged else f"wok = {w0}")
                 for i, q in enumerate(row_q):
                     g(f"stm1_f32(wp, {fz.row_ws_offset} + mb * {fz.row_nq} + {i}, s_{q}, wok)")
         # the CTA's parameter partials, one per (output, parameter element)
         W = fz.ws_offset
         for i, (q, t) in enumerate(lane_q):
-            base = f"{W + i * G * P} + bid * {P}"
+            base = f"{W + i * GC * P} + cid * {P}"
             if RPC == 1:
                 for e, (okc, o) in enumerate(slots):
                     for j in range(V):
@@ -956,12 +974,32 @@ class _Fused(_Red):
                 with g.block(f"for r in range(1, {RPC}):"):
                     g(f"tp = tp + sP[r * {P} + kk]")
                 g(f"st1_f32(wp, {base} + kk, tp)")
-        return KernelSource("normc_bwd_fused", g.text(), G, fz.threads, self.shared, self.ptypes())
+        if C > 1:
+            g("cluster_arrive()  # no CTA exits while a peer may still read its shared memory")
+            g("cluster_wait()")
+        return KernelSource("normc_bwd_fused", g.text(), G, fz.threads, self.shared, self.ptypes(), cluster=C)
+
+    def _cluster_sums(self, g, sums, C):
+        """Add each CTA-uniform name in ``sums`` over the C CTAs of the cluster, in rank order (see the class
+        docstring): thread 0 publishes them in buffer ``it % 2`` of ``sC``, then a cluster barrier."""
+        n = len(sums)
+        self.smem(g, "sC", 2 * n)
+        g(f"cb = (it % 2) * {n}")
+        with g.block("if tid == 0:"):
+            for i, s in enumerate(sums):
+                g(f"sC[cb + {i}] = {s}")
+        g("cluster_arrive()")
+        g("cluster_wait()")
+        for i, s in enumerate(sums):
+            g(f"{s} = dsmem_ld(sC, cb + {i}, 0)")
+        with g.block(f"for k in range(1, {C}):"):
+            for i, s in enumerate(sums):
+                g(f"{s} = {s} + dsmem_ld(sC, cb + {i}, k)")
 
     def lane_finish(self):
         """Adds the per-CTA partials of each lane-route output in CTA order (:meth:`_Red.partials_finish`)."""
         fz = self.fz
-        return self.partials_finish("normc_bwd_fparam_finish", fz.lane_outputs, fz.grid, fz.lane_params,
+        return self.partials_finish("normc_bwd_fparam_finish", fz.lane_outputs, fz.partial_sets, fz.lane_params,
                                     fz.ws_offset)
 
     def kernels(self):

@@ -50,8 +50,8 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from .canonical import Axis, canonicalize
-from .planner import (CTA_THREADS, DEFAULT_SMS, ITEMSIZE, LOOP_UNROLL, MAX_PERSISTENT_THREADS,
-                      MAX_VECTOR_BYTES, SPLIT_CTAS_PER_SM, pick_vec)
+from .planner import (CLUSTER_SIZES, CTA_THREADS, DEFAULT_SMS, ITEMSIZE, LOOP_UNROLL, MAX_PERSISTENT_THREADS,
+                      MAX_VECTOR_BYTES, SPLIT_CTAS_PER_SM, _clusters_ok, pick_vec)
 
 __all__ = ["ReducePlan", "FusedPlan", "ColsPlan", "BackwardPlan", "make_backward_plan"]
 
@@ -67,6 +67,27 @@ FUSED_MAX_VALUES = 16
 # while the parameter partials would exceed 1/FUSED_PARTIAL_FRACTION of the kernel's own traffic.
 FUSED_THREADS_PER_SM = 512
 FUSED_PARTIAL_FRACTION = 16
+# Fused dx kernel over a thread-block cluster (sm_90+), for rows longer than one CTA holds: each of the C CTAs
+# of a cluster holds a slice of the row (MAX_PERSISTENT_THREADS lanes x up to FUSED_CLUSTER_MAX_VALUES values
+# each), the row sums are added over the cluster through distributed shared memory, and x and dy are still
+# read once. The smallest cluster of planner.CLUSTER_SIZES up to FUSED_MAX_CLUSTER that holds the row is
+# taken, for x of at least FUSED_CLUSTER_MIN_ITEMSIZE bytes. Without lane-route partials a thread holds xhat and
+# dy only (2 x 32 float32 registers under the 128 a 512-thread CTA may use: 109-125 taken, no spills); with
+# them (layer/RMS norm) FUSED_MAX_VALUES. Measured on the H200 (tests/gpu_backward_ab.py, 2026-12-03, one run;
+# backward us, cluster vs the two-pass general path): float32 NCDHW instance norm (4, 256, 32^3) cluster of 2
+# x 32 values 110.7 vs 165.4, (8, 256, 32^3) 208.3 vs 319.4, (2, 128, 32^3) 35.1 vs 46.8; NCHW (1, 128,
+# 160^2) 17.5 vs 23.3, (1, 64, 320^2) cluster of 8 44.2 vs 45.1; layer norm 10000 x 10000 cluster of 2 472.8
+# vs 507.0 (column pass). Slower, hence the limits: clusters of 16 (float32 (2, 64, 64^3) 212.4 vs 174.3,
+# (8, 64, 64^3) 823.9 vs 637.4, layer norm 1000 x 100000 1264.2 vs 496.9: at most 7-8 such clusters are
+# co-resident and every row waits at a 16-CTA barrier); 16-bit x (float16 (2, 128, 32^3) 23.9 vs 22.1, NCHW
+# batch statistics (256, 256, 28, 28) 334.4 vs 131.9, bfloat16 layer norm 16384^2 721.0 vs 673.4, group norm
+# 8 x 320 x 64^2 64.3 vs 40.1: a thread's 32 values are half the bytes in flight of float32's, and the
+# general path's re-read of a 16-bit row mostly hits L2); 16 values per thread in twice the CTAs (float32
+# (4, 256, 32^3) cluster of 4: 205.7 vs 108.6 for 2 x 32).
+FUSED_CLUSTER = True
+FUSED_CLUSTER_MAX_VALUES = 32
+FUSED_MAX_CLUSTER = 8
+FUSED_CLUSTER_MIN_ITEMSIZE = 4
 # Outer splits (innermost axis kept): CTAs per SM the grid aims for, and whether the split kernels carry the
 # launch bound .minnctapersm of that many CTAs (at most 64 registers; dropped when that spills). Unbounded they
 # took 71-80 registers (3 CTAs per SM for a grid of 4 per SM: a partial second wave). Measured on the H200
@@ -234,6 +255,10 @@ class FusedPlan:
         lane_params: parameter elements of the lane route (= elements per row).
         ws_offset, row_ws_offset, row_nq: workspace layout (float32 offsets).
         keys: rows (the forward's kept indices).
+        cluster: CTAs per thread-block cluster sharing each row (1: none). With C > 1, ``rows_per_cta`` is 1,
+            ``grid`` counts CTAs (a multiple of C), cluster ``b // C`` loops over the row groups as a CTA does
+            above, and its CTA of rank ``r = b % C`` holds the row's vectors ``lane + tpr*(r + C*e)``,
+            ``e < per``; the lane-route partials are one set per cluster (each CTA writes its own elements).
     """
 
     tpr: int
@@ -252,20 +277,29 @@ class FusedPlan:
     row_ws_offset: int
     row_nq: int
     keys: int
+    cluster: int = 1
+
+    @property
+    def partial_sets(self) -> int:
+        """Sets of lane-route parameter partials: one per CTA, or per cluster."""
+        return self.grid // self.cluster
 
     @property
     def workspace_floats(self) -> int:
-        """float32 elements of partial sums: per-CTA parameter partials, then per-row sums."""
-        return len(self.lane_outputs) * self.grid * self.lane_params + self.keys * self.row_nq
+        """float32 elements of partial sums: per-CTA (per-cluster) parameter partials, then per-row sums."""
+        return len(self.lane_outputs) * self.partial_sets * self.lane_params + self.keys * self.row_nq
 
     def describe(self) -> str:
         """One line: the fused kernel's tiling (lanes, vectors, rows per CTA, grid) and its partial workspace."""
         parts = [f"fused dx: {self.tpr} lanes x {self.per} vectors x {self.vec} per row (x, dy read once), "
                  f"{self.rows_per_cta} rows/CTA at a time, {self.groups_per_cta} row groups per CTA, grid={self.grid} "
-                 f"block={self.threads}, scale {self.scale_mode}"]
+                 f"block={self.threads}, scale {self.scale_mode}"
+                 + (f", cluster of {self.cluster} CTAs per row (row sums added through distributed shared memory)"
+                    if self.cluster > 1 else "")]
         if self.lane_outputs:
-            parts.append(f"{'+'.join(self.lane_outputs)} from per-CTA partials ({self.grid} x {self.lane_params}), "
-                         f"added in CTA order by normc_bwd_fparam_finish")
+            who = "cluster" if self.cluster > 1 else "CTA"
+            parts.append(f"{'+'.join(self.lane_outputs)} from per-{who} partials ({self.partial_sets} x "
+                         f"{self.lane_params}), added in {who} order by normc_bwd_fparam_finish")
         if self.row_outputs:
             parts.append(f"{'+'.join(self.row_outputs)} from per-row sums, added by normc_bwd_frow_finish")
         return "; ".join(parts)
@@ -506,37 +540,58 @@ def _dense_kept(kep, tensor):
     return True
 
 
-def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why):
-    """The :class:`FusedPlan` for dx (inner strategy) when a row fits in registers, else ``None``."""
+def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_cluster=None, force_cluster=False):
+    """The :class:`FusedPlan` for dx (inner strategy) when a row fits in the registers of one CTA or of a
+    thread-block cluster (up to ``max_cluster`` CTAs; ``force_cluster``: the smallest cluster and lanes that
+    hold the row, for tests), else ``None``."""
     if dx.strategy != "inner":
         return None, want
     V = dx.vec
     nc = p.reduced // V
-    tpr = 1
-    while tpr < MAX_PERSISTENT_THREADS and -(-nc // tpr) * V > FUSED_MAX_VALUES:
-        tpr *= 2
-    # few rows: more lanes per row (fewer rows per CTA) until the row groups cover the SMs
-    while tpr < MAX_PERSISTENT_THREADS and tpr < nc and -(-dx.keys * tpr // max(tpr, CTA_THREADS)) < sms:
-        tpr *= 2
-    per = -(-nc // tpr)
-    if per * V > FUSED_MAX_VALUES:
-        why.append(f"dx: row of {p.reduced} exceeds {MAX_PERSISTENT_THREADS} threads x {FUSED_MAX_VALUES} values: "
-                   "general (two-pass) path")
-        return None, want
-    threads = max(tpr, CTA_THREADS)
-    rpc = threads // tpr
-    keys = dx.keys
-    groups = -(-keys // rpc)
     routes = {o: _route(p.axes, t) for o, t in want}
     lane = tuple(o for o, _ in want if routes[o] == "lane")
     row = tuple(o for o, _ in want if routes[o] == "row")
     rest = [(o, t) for o, t in want if routes[o] is None]
+    csizes = tuple(c for c in CLUSTER_SIZES if max_cluster is None or c <= max_cluster) if (
+        FUSED_CLUSTER and _clusters_ok(arch)) else ()
+    if not force_cluster:  # the measured limits (see FUSED_MAX_CLUSTER)
+        csizes = tuple(c for c in csizes if c <= FUSED_MAX_CLUSTER) if dbytes["x"] >= FUSED_CLUSTER_MIN_ITEMSIZE else ()
+    # values a cluster CTA's thread may hold: xhat and dy, plus two partials per value with lane outputs
+    climit = FUSED_MAX_VALUES if lane else FUSED_CLUSTER_MAX_VALUES
+    cluster = 1
+    if force_cluster and csizes and nc > 1:
+        C = csizes[0]
+        tpr = min(max(_pow2_ceil(-(-nc // C)), 32), MAX_PERSISTENT_THREADS)
+        if -(-nc // (C * tpr)) * V <= climit:
+            cluster = C
+    if cluster == 1:
+        tpr = 1
+        while tpr < MAX_PERSISTENT_THREADS and -(-nc // tpr) * V > FUSED_MAX_VALUES:
+            tpr *= 2
+        # few rows: more lanes per row (fewer rows per CTA) until the row groups cover the SMs
+        while tpr < MAX_PERSISTENT_THREADS and tpr < nc and -(-dx.keys * tpr // max(tpr, CTA_THREADS)) < sms:
+            tpr *= 2
+        if -(-nc // tpr) * V > FUSED_MAX_VALUES:
+            for C in csizes:
+                if -(-nc // (C * MAX_PERSISTENT_THREADS)) * V <= climit:
+                    tpr, cluster = MAX_PERSISTENT_THREADS, C
+                    break
+    per = -(-nc // (cluster * tpr))
+    if per * V > (climit if cluster > 1 else FUSED_MAX_VALUES):
+        why.append(f"dx: row of {p.reduced} exceeds {MAX_PERSISTENT_THREADS} threads x {FUSED_MAX_VALUES} values"
+                   + (f" and a cluster of {csizes[-1]} CTAs x {climit} values" if csizes else "")
+                   + ": general (two-pass) path")
+        return None, want
+    threads = tpr if cluster > 1 else max(tpr, CTA_THREADS)
+    rpc = threads // tpr
+    keys = dx.keys
+    groups = -(-keys // rpc)
     cps = max(1, FUSED_THREADS_PER_SM // threads)
     traffic = p.kept * p.reduced * (2 * dbytes["x"] + dbytes["out"])
     while cps > 1 and len(lane) * cps * sms * p.reduced * 4 * FUSED_PARTIAL_FRACTION > traffic:
         cps //= 2
-    grid = min(groups, cps * sms)
-    gpc = -(-groups // grid)
+    grid = min(groups, max(1, cps * sms // cluster)) * cluster
+    gpc = -(-groups // (grid // cluster))
     red = [a for a in p.axes if a.reduced]
     kep = [a for a in p.axes if not a.reduced]
     if p.scale_dtype is None:
@@ -547,13 +602,16 @@ def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why):
         smode = "row"
     else:
         smode = "mixed"
-    nlane = len(lane) * grid * p.reduced
+    nlane = len(lane) * (grid // cluster) * p.reduced
     fz = FusedPlan(tpr=tpr, per=per, vec=V, threads=threads, rows_per_cta=rpc, groups=groups, groups_per_cta=gpc,
                    grid=grid, scale_mode=smode, lane_outputs=lane, row_outputs=row, lane_params=p.reduced,
-                   ws_offset=ws_offset, row_ws_offset=ws_offset + nlane, row_nq=len(row), keys=keys)
-    why.append(f"dx fused: row of {p.reduced} held in registers ({tpr} lanes x {per} x {V}); x and dy read once, "
+                   ws_offset=ws_offset, row_ws_offset=ws_offset + nlane, row_nq=len(row), keys=keys,
+                   cluster=cluster)
+    where = (f"a cluster of {cluster} CTAs x {tpr} lanes x {per} x {V}, row sums added through distributed "
+             f"shared memory" if cluster > 1 else f"{tpr} lanes x {per} x {V}")
+    why.append(f"dx fused: row of {p.reduced} held in registers ({where}); x and dy read once, "
                f"{grid} CTAs x {gpc} groups of {rpc} rows"
-               + (f"; {'+'.join(lane)} from per-CTA partials" if lane else "")
+               + (f"; {'+'.join(lane)} from per-{'cluster' if cluster > 1 else 'CTA'} partials" if lane else "")
                + (f"; {'+'.join(row)} from per-row sums" if row else ""))
     return fz, rest
 
@@ -593,7 +651,8 @@ def _cols_plan(p, dx, outputs, dbytes, sms, ws_offset, forced, why):
 
 
 def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True, need_dshift=True,
-                       dshift_dtype=None, arch="sm_90", sms=DEFAULT_SMS, schedule=None) -> BackwardPlan:
+                       dshift_dtype=None, arch="sm_90", sms=DEFAULT_SMS, schedule=None,
+                       max_cluster=None) -> BackwardPlan:
     """Plan the gradient kernels of a forward :class:`normc.problem.Problem`.
 
     Args:
@@ -604,7 +663,11 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
         dshift_dtype: dtype of dshift (default: the problem's shift dtype).
         arch, sms: target and multiprocessor count used to size the grids.
         schedule: ``"split"`` forces 2 splits in every reduction (tests); ``"looped"`` keeps the general (unfused)
-            kernels; other values are ignored.
+            kernels; ``"cluster"`` spreads a fused dx's rows over the smallest thread-block cluster that holds
+            them (sm_90+, tests; ignored where dx cannot be fused); other values are ignored.
+        max_cluster: largest thread-block cluster the fused dx kernel may use (default: the largest of
+            ``planner.CLUSTER_SIZES``; 1: none); the runtime lowers it when the device cannot co-schedule the
+            planned cluster.
 
     Returns:
         :class:`BackwardPlan`.
@@ -628,7 +691,8 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
     fused = cols = None
     empty = p.kept * p.reduced == 0  # nothing to launch (the runtime returns early): the general plan describes it
     if schedule not in ("split", "looped") and not empty:
-        fused, want = _fused_plan(p, dx, want, dbytes, sms, 0, why)
+        fused, want = _fused_plan(p, dx, want, dbytes, sms, 0, why, arch=arch, max_cluster=max_cluster,
+                                  force_cluster=schedule == "cluster")
     if fused is None:
         # parameters constant along every row: their gradients from dx's per-row sums (x and dy read twice)
         row = tuple(o for o, t in want if _route(p.axes, t) == "row")

@@ -160,12 +160,19 @@ def _build(compiled, gi, xi, si, need_dscale, need_dshift):
         from ..lowering import arch_cc
 
         cc = arch_cc(compiled.arch)
-    plan = make_backward_plan(prob, dy_dtype=gi.dtype, dy_align=dy_align, need_dscale=need_dscale,
-                              need_dshift=need_dshift, arch=f"sm_{cc[0]}{cc[1]}", sms=gpu.device_sms(xi.device),
-                              schedule=compiled.schedule)
+    max_cluster = None
     gpu.set_device(xi.device)
-    kernels = [gpu.Loaded(k["ptx"], k.get("cubin"), k["entry"], k["grid"], k["block"])
-               for k in compiled_backward_kernels(plan, cc)]
+    while True:
+        plan = make_backward_plan(prob, dy_dtype=gi.dtype, dy_align=dy_align, need_dscale=need_dscale,
+                                  need_dshift=need_dshift, arch=f"sm_{cc[0]}{cc[1]}",
+                                  sms=gpu.device_sms(xi.device), schedule=compiled.schedule, max_cluster=max_cluster)
+        kernels = [gpu.Loaded(k["ptx"], k.get("cubin"), k["entry"], k["grid"], k["block"], k.get("cluster", 1))
+                   for k in compiled_backward_kernels(plan, cc)]
+        C = plan.fused.cluster if plan.fused is not None else 1
+        if C <= 1 or all(k.clusters_fit() for k in kernels):
+            break
+        # the device cannot co-schedule clusters this large (e.g. a partitioned GPU): plan smaller ones
+        max_cluster = C // 2
     return _BEntry(plan, kernels, dx_strides, dscale_shape, dshift_shape, False)
 
 
@@ -185,7 +192,8 @@ def compiled_backward_kernels(plan, cc) -> list:
         from ..lowering import lower_backward
 
         kernels = [{"ptx": k.ptx, "cubin": gpu.link_cubin(k.ptx, cc), "entry": k.entry, "grid": k.grid,
-                    "block": k.block, "shared_bytes": k.shared_bytes} for k in lower_backward(plan, arch=cc)]
+                    "block": k.block, "shared_bytes": k.shared_bytes, "cluster": k.cluster}
+                   for k in lower_backward(plan, arch=cc)]
         payload = {"kernels": kernels, "summary": f"backward {plan.kept}x{plan.reduced} {plan.x_dtype} "
                                                   f"stat={plan.stat} sm_{cc[0]}{cc[1]}"}
         cache.store(key, payload)

@@ -63,7 +63,12 @@ CASES = [
      "float16", "cluster"),
     # rows too long for the fused backward: the column pass (per-row sums, then dx and per-group parameter
     # partials in one pass, 2 row groups) and its finish kernel
-    ("inner-cols-groups", "t d : norm over d ; scale d ; shift d", {}, (100, 9001), None, "bfloat16", None),
+    # (schedule "looped": the fused backward over a cluster would hold these rows)
+    ("inner-cols-groups", "t d : norm over d ; scale d ; shift d", {}, (100, 9001), None, "bfloat16", "looped"),
+    # the fused backward over a cluster of 4 CTAs (row sums through distributed shared memory), row-route
+    # parameter sums; the forward is its default for the shape
+    ("fused-bwdcluster-instance", "n c d h w : norm over d h w ; scale c ; shift c", {}, (2, 4, 32, 32, 33), None,
+     "float32", None),
 ]
 TOL = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
 

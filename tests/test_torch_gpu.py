@@ -143,7 +143,7 @@ def test_kernels_match_float64_reference():
 
 @pytest.mark.parametrize("text,shape,dtype", [
     ("t d : norm over d ; scale d ; shift d", (4, 400001), torch.float32),  # one group, rows per thread
-    ("t d : norm over d ; scale d ; shift d", (300, 20011), torch.float32),  # 14 row groups, partials
+    ("t d : norm over d ; scale d ; shift d", (300, 70001), torch.float32),  # row groups, partials
     ("t d : rms over d ; scale d", (64, 16384), torch.bfloat16),
     ("t d : norm over d ; shift d", (100, 9001), torch.float16),
 ])
@@ -170,6 +170,39 @@ def test_column_pass_matches_float64_reference(text, shape, dtype):
         assert (g is None) == (r is None), name
         if g is not None:
             assert _err(g, r) < tol, f"{name}: {_err(g, r):.2e}"
+
+
+@pytest.mark.parametrize("text,shape,cluster", [
+    ("n c d h w : norm over d h w ; scale c ; shift c", (2, 16, 32, 32, 32), 2),  # row route
+    ("n c h w : norm over h w ; scale c ; shift c", (2, 3, 101, 103), 2),  # odd rows: scalar, masked lanes
+    ("n c h w : norm over h w ; scale c ; shift c", (1, 8, 320, 320), 8),
+    ("t d : norm over d ; scale d ; shift d", (50, 10000), 2),  # lane route: per-cluster partials
+    ("t d : rms over d ; scale d", (7, 30000), 4),
+])
+def test_fused_cluster_matches_float64_reference(text, shape, cluster):
+    """float32 rows longer than one CTA holds take the fused backward over a thread-block cluster (row sums
+    added through distributed shared memory): against the float64 formulas on the same statistics."""
+    nt = _ntorch()
+    from normc.runtime.backward import plan_backward
+
+    sp = normc.spec(text, eps=1e-5)
+    assert plan_backward(sp, shape, "float32").fused.cluster == cluster
+    torch.manual_seed(4)
+    x = torch.randn(*shape, device="cuda") * 2 + 0.5
+    n = x.shape[1] if text.startswith("n") else x.shape[-1]
+    w = torch.rand(n, device="cuda") + 0.5
+    b = torch.randn(n, device="cuda") if sp.shift else None
+    f = normc.compile(sp)
+    y, mean, rstd = f(x, w, b, return_stats=True)
+    dy = torch.randn_like(y)
+    got = f.backward(dy, x, mean, rstd, w)
+    assert next(iter(f._normc_backward.values())).plan.fused.cluster == cluster
+    ref = nt.reference_backward(sp, dy.double(), x.double(), None if mean is None else mean.double(),
+                                rstd.double(), w.double())
+    for name, g, r in zip(("dx", "dscale", "dshift"), got, ref):
+        assert (g is None) == (r is None), name
+        if g is not None:
+            assert _err(g, r) < 2e-5, f"{name}: {_err(g, r):.2e}"
 
 
 def test_tall_layer_norm_deterministic():
