@@ -99,6 +99,17 @@ FUSED_CLUSTER_MIN_ITEMSIZE = 4
 # 64 registers, keeps 72 and runs 3 per SM: the one row where 3 per SM is faster); others within 3%.
 OUTER_SPLIT_CTAS_PER_SM = SPLIT_CTAS_PER_SM
 OUTER_SPLIT_BOUND = 1
+# Inner splits (rows too long for one CTA and fewer rows than SMs): CTAs per SM the grid aims for, and whether
+# the split count rounds up (ceil(INNER_SPLIT_CTAS_PER_SM * sms / rows)) or down. Rounding up overshoots by up
+# to a row's worth of CTAs: 32 rows got 17 splits, 544 CTAs of 512 threads where 2 x 132 fit at a time (the
+# partial and finish kernels take 54-56 registers), a third wave of 16 CTAs. Measured on the H200
+# (tests/gpu_backward_ab.py, 2026-12-03, one run), backward us, round down / up / down with 2 CTAs per SM:
+# NCHW (1, 32, 640^2) float32 72.8 / 84.4 / 71.4; NCDHW float32 (2, 64, 64^3) 165.2 / 172.0 / 166.2, (2, 64,
+# 128^3) 1262.3 / 1353.3 / 1256.1; float16 (2, 32, 128^3) 334.8 / 345.4 / 322.3, (2, 64, 64^3) 88.4 / 93.8 /
+# 89.3; layer norm float32 100 x 1M 483.1 / 490.8 / 486.1, 10 x 10M 553.8 / 555.0 / 537.6 (2 per SM: within
+# 4% either way, not taken).
+INNER_SPLIT_CTAS_PER_SM = SPLIT_CTAS_PER_SM
+INNER_SPLIT_ROUND_UP = False
 # dx outer split: merge each row's split partials once in their own kernel (ReducePlan.merged) rather than in
 # every finish CTA. Each of the S finish CTAs of a column tile used to add all S partials of its columns: S^2 x
 # tile x sums float32 reads, 571 MB from L2 for NHWC batch statistics (256, 256, 28, 28) (S = 528, tile 256).
@@ -464,7 +475,8 @@ def _reduce_plan(role, outputs, axes, key, sums, dbytes, aligns, scale_info, sms
         tpr = max(1, min(MAX_PERSISTENT_THREADS, _pow2_ceil(nc)))
         splits = 1
         if keys < sms and nc > tpr * LOOP_UNROLL:
-            splits = max(1, min(-(-SPLIT_CTAS_PER_SM * sms // keys), nc // (tpr * LOOP_UNROLL)))
+            want = INNER_SPLIT_CTAS_PER_SM * sms
+            splits = max(1, min(-(-want // keys) if INNER_SPLIT_ROUND_UP else want // keys, nc // (tpr * LOOP_UNROLL)))
         if forced:
             splits = FORCED_SPLITS
         if splits > 1:
