@@ -474,7 +474,7 @@ def _reduce_plan(role, outputs, axes, key, sums, dbytes, aligns, scale_info, sms
         nc = reduced // vec
         tpr = max(1, min(MAX_PERSISTENT_THREADS, _pow2_ceil(nc)))
         splits = 1
-        if keys < sms and nc > tpr * LOOP_UNROLL:
+        if 0 < keys < sms and nc > tpr * LOOP_UNROLL:  # (no rows: nothing is launched, nothing to split)
             want = INNER_SPLIT_CTAS_PER_SM * sms
             splits = max(1, min(-(-want // keys) if INNER_SPLIT_ROUND_UP else want // keys, nc // (tpr * LOOP_UNROLL)))
         if forced:
@@ -497,7 +497,7 @@ def _reduce_plan(role, outputs, axes, key, sums, dbytes, aligns, scale_info, sms
     tile = nxc * vec
     base = (keys // cb) * -(-cb // tile)
     splits = 1
-    if base < sms:
+    if 0 < base < sms:  # (no column tiles: nothing is launched)
         splits = max(1, min(-(-OUTER_SPLIT_CTAS_PER_SM * sms // base), reduced // (ry * LOOP_UNROLL)))
     if forced:
         splits = FORCED_SPLITS

@@ -182,11 +182,14 @@ def test_column_pass_warp_row_sums_with_idle_warps(monkeypatch):
         assert cp.sum_splits == 11 and cp.rows_per_group == 1 and cp.threads == 64
 
 
-@pytest.mark.parametrize("schedule", [None, "looped", "split"])
+@pytest.mark.parametrize("schedule", [None, "looped", "split", "cluster"])
 @pytest.mark.parametrize("spec,shape,perm", [
     (LN, (0, 40), None), (LN, (5, 0), None), (LN, (0, 0), None),
     (IN2, (0, 3, 4, 5), NHWC), (IN2, (2, 3, 0, 5), NHWC), (BN1, (0, 6), None),
-], ids=["ln-no-rows", "ln-empty-rows", "ln-0x0", "in2-nhwc-n0", "in2-nhwc-h0", "bn1d-n0"])
+    # rows long enough to be split (no rows: no split count to divide by)
+    (LN, (0, 16384), None), (IN2, (0, 4, 128, 128), None), (IN2, (0, 4, 128, 128), NHWC),
+], ids=["ln-no-rows", "ln-empty-rows", "ln-0x0", "in2-nhwc-n0", "in2-nhwc-h0", "bn1d-n0", "ln-no-long-rows",
+        "in2-n0-long", "in2-nhwc-n0-long"])
 def test_empty_backward(spec, shape, perm, schedule):
     # zero-size x: no kernel runs; dx is empty and every parameter gradient is a sum of nothing (zeros)
     sp = _spec(spec)
