@@ -675,8 +675,10 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
         dshift_dtype: dtype of dshift (default: the problem's shift dtype).
         arch, sms: target and multiprocessor count used to size the grids.
         schedule: ``"split"`` forces 2 splits in every reduction (tests); ``"looped"`` keeps the general (unfused)
-            kernels; ``"cluster"`` spreads a fused dx's rows over the smallest thread-block cluster that holds
-            them (sm_90+, tests; ignored where dx cannot be fused); other values are ignored.
+            kernels; ``"cluster"`` spreads a fused dx's rows over a cluster of the smallest size (2) with the
+            fewest lanes that hold them, without the FUSED_MAX_CLUSTER / itemsize limits (sm_90+, tests); where
+            2 CTAs cannot hold a row (or it is one vector), the default choice applies; ignored where dx cannot
+            be fused; other values are ignored.
         max_cluster: largest thread-block cluster the fused dx kernel may use (default: the largest of
             ``planner.CLUSTER_SIZES``; 1: none); the runtime lowers it when the device cannot co-schedule the
             planned cluster.

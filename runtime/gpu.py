@@ -201,7 +201,8 @@ class Loaded:
             sms = Device().properties.multiprocessor_count
             self.config = LaunchConfig(grid=min(grid, per_sm * sms), block=block, is_cooperative=True)
         elif cluster > 1:
-            # cuda.core counts the grid in clusters when a cluster shape is given
+            # cuda.core (>= 0.4, as pyproject.toml requires) counts the grid in clusters when a cluster shape is
+            # given
             self.config = LaunchConfig(grid=grid // cluster, cluster=cluster, block=block)
         elif pdl and PDL:
             try:  # programmatic dependent launch, where this cuda-core's LaunchConfig has it (else as usual)
