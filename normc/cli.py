@@ -345,8 +345,8 @@ examples:
     p = sub.add_parser(
         "ptx", help="print the PTX of the plan's kernels",
         description="Compile SPEC for an x of --shape/--dtype/--layout and print the PTX of its kernels in launch "
-                    "order (forward: 2 or 3 for a split schedule; --backward: see docs/backward.md), each after a '// normc "
-                    "kernel i/n: entry=..., grid=..., block=..., shared=... bytes, workspace=... floats, "
+                    "order (forward: 2 or 3 for a split schedule; --backward: see docs/backward.md), each after "
+                    "a '// normc kernel i/n: entry=..., grid=..., block=..., shared=... bytes, workspace=... floats, "
                     "cluster=C' line. The PTX carries no cluster directive: a kernel with C > 1 must be launched "
                     "with thread-block clusters of C CTAs along x (grid / C clusters).",
         epilog=_COMMON_EPILOG + """
