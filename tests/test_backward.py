@@ -727,6 +727,49 @@ def test_backward_ptx(spec, shape, dtype, layout, schedule):
 # argument errors
 
 
+@pytest.mark.parametrize("row,fits,want", [(61, 2, None), (61, 8, 8), (63, 1, None), (63, 2, 2)])
+def test_runtime_plans_smaller_clusters_when_they_do_not_fit(row, fits, want, monkeypatch):
+    """A device that cannot co-schedule the planned cluster (clusters_fit() False: e.g. a partitioned GPU) gets
+    a plan with smaller clusters, down to the general path (no GPU: the launcher is faked)."""
+    from normc import bench, runtime
+    from normc.api import layout_strides
+    from normc.canonical import dense_like
+    from normc.runtime import backward as rb
+    from normc.runtime import gpu
+    from normc.runtime.arrays import ArrayInfo
+
+    class Loaded:
+        def __init__(self, ptx, cubin, entry, grid, block, cluster=1, *a):
+            self.cluster = cluster
+
+        def clusters_fit(self):
+            return self.cluster <= fits
+
+    tried = []
+
+    def kernels(plan, cc):
+        tried.append(plan.fused.cluster if plan.fused is not None else 1)
+        return [{"ptx": "", "cubin": None, "entry": "e", "grid": 1, "block": 32, "cluster": tried[-1]}]
+
+    monkeypatch.setattr(runtime, "gpu_available", lambda: True)
+    monkeypatch.setattr(gpu, "device_cc", lambda d: (9, 0))
+    monkeypatch.setattr(gpu, "device_sms", lambda d: 132)
+    monkeypatch.setattr(gpu, "set_device", lambda d: None)
+    monkeypatch.setattr(gpu, "Loaded", Loaded)
+    monkeypatch.setattr(rb, "compiled_backward_kernels", kernels)
+    r = bench.load_table()[row]
+    spec = bench.row_spec(r)
+    shape = tuple(r["shape"])
+    strides = layout_strides(spec, shape, r["memory_perm"])
+    xi = ArrayInfo(None, "torch", 1 << 20, shape, strides, r["dtype"], 0)
+    gi = ArrayInfo(None, "torch", 1 << 28, shape, dense_like(shape, strides), r["dtype"], 0)
+    si = ArrayInfo(None, "torch", 1 << 24, (shape[1],), (1,), r["dtype"], 0)
+    entry = rb._build(normc.compile(spec), gi, xi, si, True, True)
+    got = entry.plan.fused.cluster if entry.plan.fused is not None else None
+    assert got == want and tried[0] == bench.precompile_plans(r, "backward")[1].fused.cluster
+    assert tried == sorted(tried, reverse=True) and (want is not None or tried[-1] == 1)
+
+
 def test_errors():
     f = normc.compile(LN)
     x = make_x((3, 8), "float32")
