@@ -144,6 +144,13 @@ def ptx_text(kernels, workspace_floats=0) -> str:
 def _cmd_plan(args) -> int:
     from .planner import rejected
 
+    if args.backward:
+        if args.explain:
+            raise _UsageError("--explain lists the forward planner's rejected alternatives; the backward plan's "
+                              "'why:' lines give its reasons (drop --explain or --backward)")
+        plan = _backward_plan_from_args(args)
+        _emit((plan.to_json() if args.json else plan.describe()) + "\n", args.output)
+        return 0
     plan = _plan_from_args(args)
     text = plan.to_json() if args.json else plan.describe()
     if args.explain and not args.json:
@@ -333,6 +340,7 @@ examples:
   normc plan "n c h w : norm over h w ; scale c ; shift c" --shape 256,128,28,28 --dtype float16
   normc plan "n c h w : norm over h w ; scale c ; shift c" --shape 256,128,28,28 --dtype float16 --layout "n h w c"
   normc plan "t d : norm over d ; scale d ; shift d" --shape 16384,4096 --dtype bfloat16 --json
+  normc plan "n c d h w : norm over d h w ; scale c ; shift c" --shape 4,256,32,32,32 --backward
 """,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -340,6 +348,9 @@ examples:
     p.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.to_json) instead of text")
     p.add_argument("--explain", action="store_true", help="also say why each other strategy and schedule was "
                    "rejected")
+    p.add_argument("--backward", action="store_true", help="the backward plan instead (dx's reduction, the fused "
+                   "or column kernel and its cluster, the parameter reductions, the workspace; --out-dtype is "
+                   "dy's dtype); see docs/backward.md")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser(

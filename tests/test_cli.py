@@ -98,6 +98,26 @@ def test_plan_json(capsys):
     assert normc.Plan.from_json(out).strategy == "outer"
 
 
+def test_plan_backward(capsys):
+    # NCDHW float32 rows of 32768: the fused dx over a cluster of 2 (text and JSON), the same plan as the API's
+    from normc.runtime.backward import plan_backward
+
+    args = ["plan", "n c d h w : norm over d h w ; scale c ; shift c", "--shape", "4,256,32,32,32", "--backward"]
+    assert main(args) == 0
+    out, _ = capsys.readouterr()
+    assert out.startswith("backward: 1024 rows x 32768 elements") and "cluster of 2 CTAs per row" in out
+    assert main(args + ["--json"]) == 0
+    out, _ = capsys.readouterr()
+    want = plan_backward("n c d h w : norm over d h w ; scale c ; shift c", (4, 256, 32, 32, 32), "float32")
+    assert json.loads(out) == json.loads(want.to_json()) and json.loads(out)["fused"]["cluster"] == 2
+    # NHWC: dy in float32 for a float16 x (--out-dtype), the general outer path
+    assert main(["plan", *IN_ARGS, *NHWC, "--backward", "--out-dtype", "float32"]) == 0
+    out, _ = capsys.readouterr()
+    assert "x float16, dy float32" in out and "dx: outer" in out
+    assert main(args + ["--explain"]) == 2
+    assert "--explain" in capsys.readouterr().err
+
+
 def test_plan_eps_and_sizes(capsys):
     assert main(["plan", "t d : rms over d ; scale d", "--shape", "16384,4096", "--dtype", "bfloat16",
                  "--eps", "1e-6", "--json"]) == 0
