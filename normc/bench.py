@@ -886,8 +886,9 @@ def markdown_backward(result) -> str:
         "registers: one per parameter element per CTA holding its rows, min(rows per element, ceil(SMs / "
         "groups)), e.g. min(T, SMs) x D per gradient for layer norm; longer rows: SMs per row sum and per "
         "parameter element constant along the row); re-reads are not counted. **floor (fwd+bwd)** adds x read, "
-        "y written, scale and shift read, mean and rstd written. `bwd plan`: normc's dx kernel (fused, /clusterC when "
-        "each row is spread over a cluster of C CTAs; else the general inner or outer one, /cols with the column pass, /split when split) and its number of kernels (k); "
+        "y written, scale and shift read, mean and rstd written. `bwd plan`: normc's dx kernel (fused, /clusterC "
+        "when each row is spread over a cluster of C CTAs; else the general inner or outer one, /cols with the "
+        "column pass, /split when split) and its number of kernels (k); "
         "`passes`: times it reads x and dy (1: fused; 2: the general dx kernel, parameter gradients from its "
         "per-row sums, or the row sums then the column pass; 3: plus a parameter reduction re-reading them).",
         f"- Gradients: each peer's dx, dscale and dshift against normc's, max|peer - normc| / max|normc| <= "

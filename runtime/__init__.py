@@ -481,17 +481,11 @@ class Compiled:
 
             cc = arch_cc(self.arch)
         arch, sms = f"sm_{cc[0]}{cc[1]}", gpu.device_sms(xi.device)
-        plan = make_plan(prob, arch=arch, sms=sms, schedule=self._schedule_for(prob, arch, sms))
         gpu.set_device(xi.device)
-        while True:
-            kernels = [gpu.Loaded(k["ptx"], k.get("cubin"), k["entry"], k["grid"], k["block"], k.get("cluster", 1),
-                                  k.get("coop", False), k.get("pdl", False))
-                       for k in compiled_kernels(plan, cc)]
-            if plan.cluster <= 1 or all(k.clusters_fit() for k in kernels):
-                break
-            # the device cannot co-schedule clusters this large (e.g. a partitioned GPU): plan smaller ones
-            plan = make_plan(prob, arch=arch, sms=sms, schedule=self._schedule_for(prob, arch, sms),
-                             max_cluster=plan.cluster // 2)
+        plan, kernels = gpu.load_fitting_clusters(
+            lambda mc: make_plan(prob, arch=arch, sms=sms, schedule=self._schedule_for(prob, arch, sms),
+                                 max_cluster=mc),
+            lambda plan: compiled_kernels(plan, cc), lambda plan: plan.cluster)
         return _Entry(plan, kernels, xi.shape, out_strides, out_dtype, stat_shape, False, prob)
 
 

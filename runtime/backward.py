@@ -160,19 +160,14 @@ def _build(compiled, gi, xi, si, need_dscale, need_dshift):
         from ..lowering import arch_cc
 
         cc = arch_cc(compiled.arch)
-    max_cluster = None
     gpu.set_device(xi.device)
-    while True:
-        plan = make_backward_plan(prob, dy_dtype=gi.dtype, dy_align=dy_align, need_dscale=need_dscale,
-                                  need_dshift=need_dshift, arch=f"sm_{cc[0]}{cc[1]}",
-                                  sms=gpu.device_sms(xi.device), schedule=compiled.schedule, max_cluster=max_cluster)
-        kernels = [gpu.Loaded(k["ptx"], k.get("cubin"), k["entry"], k["grid"], k["block"], k.get("cluster", 1))
-                   for k in compiled_backward_kernels(plan, cc)]
-        C = plan.fused.cluster if plan.fused is not None else 1
-        if C <= 1 or all(k.clusters_fit() for k in kernels):
-            break
-        # the device cannot co-schedule clusters this large (e.g. a partitioned GPU): plan smaller ones
-        max_cluster = C // 2
+    sms = gpu.device_sms(xi.device)
+    plan, kernels = gpu.load_fitting_clusters(
+        lambda mc: make_backward_plan(prob, dy_dtype=gi.dtype, dy_align=dy_align, need_dscale=need_dscale,
+                                      need_dshift=need_dshift, arch=f"sm_{cc[0]}{cc[1]}", sms=sms,
+                                      schedule=compiled.schedule, max_cluster=mc),
+        lambda plan: compiled_backward_kernels(plan, cc),
+        lambda plan: plan.fused.cluster if plan.fused is not None else 1)
     return _BEntry(plan, kernels, dx_strides, dscale_shape, dshift_shape, False)
 
 

@@ -238,6 +238,30 @@ class Loaded:
 _streams = {}
 
 
+def load_fitting_clusters(plan_for, kernels_for, cluster_of):
+    """Plan, compile and load kernels, re-planning with smaller thread-block clusters while the device cannot
+    co-schedule the planned one (:meth:`Loaded.clusters_fit`; e.g. a partitioned GPU).
+
+    Args:
+        plan_for: ``plan_for(max_cluster)`` -> a plan (``max_cluster`` None first, then half the last cluster).
+        kernels_for: ``kernels_for(plan)`` -> the compiled kernels as dicts (``ptx``, ``cubin``, ``entry``,
+            ``grid``, ``block``, optional ``cluster``, ``coop``, ``pdl``), in launch order.
+        cluster_of: ``cluster_of(plan)`` -> CTAs per cluster of the plan (1: none).
+
+    Returns:
+        ``(plan, [Loaded, ...])``.
+    """
+    max_cluster = None
+    while True:
+        plan = plan_for(max_cluster)
+        kernels = [Loaded(k["ptx"], k.get("cubin"), k["entry"], k["grid"], k["block"], k.get("cluster", 1),
+                          k.get("coop", False), k.get("pdl", False)) for k in kernels_for(plan)]
+        C = cluster_of(plan)
+        if C <= 1 or all(k.clusters_fit() for k in kernels):
+            return plan, kernels
+        max_cluster = C // 2
+
+
 def stream_of(handle: int):
     """A cached ``cuda.core`` Stream wrapping a foreign stream handle (0: the legacy default stream)."""
     s = _streams.get(handle)

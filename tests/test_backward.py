@@ -770,6 +770,35 @@ def test_runtime_plans_smaller_clusters_when_they_do_not_fit(row, fits, want, mo
     assert tried == sorted(tried, reverse=True) and (want is not None or tried[-1] == 1)
 
 
+def test_load_fitting_clusters_halves_until_they_fit(monkeypatch):
+    """The shared re-planning loop (forward and backward runtimes): max_cluster None, then half the last
+    cluster, until clusters_fit() or no cluster is left."""
+    from normc.runtime import gpu
+
+    class Loaded:
+        def __init__(self, ptx, cubin, entry, grid, block, cluster=1, coop=False, pdl=False):
+            self.cluster = cluster
+
+        def clusters_fit(self):
+            return self.cluster <= 2
+
+    monkeypatch.setattr(gpu, "Loaded", Loaded)
+    asked = []
+
+    def plan_for(mc):
+        asked.append(mc)
+        return 16 if mc is None else min(16, mc)
+
+    def kernels_for(c):
+        return [{"ptx": "", "entry": "e", "grid": 2 * c, "block": 32, "cluster": c}]
+
+    plan, ks = gpu.load_fitting_clusters(plan_for, kernels_for, lambda c: c)
+    assert plan == 2 and asked == [None, 8, 4, 2] and ks[0].cluster == 2
+    asked.clear()
+    plan, _ = gpu.load_fitting_clusters(lambda mc: asked.append(mc) or 1, kernels_for, lambda c: c)
+    assert plan == 1 and asked == [None]
+
+
 def test_errors():
     f = normc.compile(LN)
     x = make_x((3, 8), "float32")
