@@ -39,7 +39,7 @@ All arithmetic is float32; nothing uses atomics, so results are bitwise reproduc
 
 from __future__ import annotations
 
-from .codegen import TAG, KernelSource, _coords, _Emitter, _offset, _ptr_type, _Src, vector_offsets
+from .codegen import TAG, KernelSource, _coords, _Emitter, _offset, _ptr_type, _Src, stream_loop, vector_offsets
 
 BPARAMS = "gp, xp, sp, mp, rp, dp, wp, dsp, dhp"
 _OUTPTR = {"dscale": "dsp", "dshift": "dhp"}
@@ -267,7 +267,8 @@ class _Red(_Emitter):
         g = _Src()
         name = {"fused": "normc_bwd_dx", "direct": "normc_bwd_param"}.get(
             mode, f"normc_bwd_{rp.role}_{mode}")
-        self.prologue(g, name)
+        rev = mode == "finish" and rp.reverse  # the re-read starts where the partial kernel ended (in L2)
+        self.prologue(g, name, reverse_grid=rp.grid if rev else 0)
         if S > 1:
             g("lane = tid")
             g("rloc = 0")
@@ -326,11 +327,12 @@ class _Red(_Emitter):
             self.store_rows(g, "lane == 0 and rv" if mode == "fused" else "lane == 0 and sp_ == 0", "kb", "a_")
             self.means(g, "c1", "c2", lambda q: f"a_{q}", self.h.get("sc", [None])[0])
             with g.block("if rv:"):
-                with g.block(f"for c in range(lo + lane, hi, {TPR}):"):
-                    o = self.chunk_offsets(g, "c")
-                    bo = base_offs(o)
-                    vals = self.values(g, bo, varies)
-                    self.emit_dx(g, vals, ["c1"] * V, ["c2"] * V, bo["out"])
+                stream_loop(g, "lo + lane", "hi", TPR, backwards=rev)
+                o = self.chunk_offsets(g, "base")
+                bo = base_offs(o)
+                vals = self.values(g, bo, varies)
+                self.emit_dx(g, vals, ["c1"] * V, ["c2"] * V, bo["out"])
+                g.ind -= 1
         grid = rp.grid
         return KernelSource(name, g.text(), grid, rp.threads, self.shared, self.ptypes())
 
@@ -349,7 +351,8 @@ class _Red(_Emitter):
         g = _Src()
         name = {"fused": "normc_bwd_dx", "direct": "normc_bwd_param"}.get(
             mode, f"normc_bwd_{rp.role}_{mode}")
-        self.prologue(g, name)
+        rev = mode == "finish" and rp.reverse  # the re-read starts where the partial kernel ended (in L2)
+        self.prologue(g, name, reverse_grid=rp.grid if rev else 0)
         g(f"cx = tid % {rp.nxc}")
         g(f"ry = tid // {rp.nxc}")
         g(f"act = ry < {RY}")
@@ -437,10 +440,11 @@ class _Red(_Emitter):
                 idx = f"min(cx * {V} + {j}, {T - 1})"
                 self.means(g, c1[j], c2[j], lambda q: f"{src}{q}[{idx}]", sc[j])
             with g.block("if cok:"):
-                with g.block(f"for r in range(r0 + ry, r1, {RY}):"):
-                    bo = offs_at("r")
-                    vals = self.values(g, bo, varies)
-                    self.emit_dx(g, vals, c1, c2, bo["out"])
+                stream_loop(g, "r0 + ry", "r1", RY, backwards=rev)
+                bo = offs_at("base")
+                vals = self.values(g, bo, varies)
+                self.emit_dx(g, vals, c1, c2, bo["out"])
+                g.ind -= 1
         return KernelSource(name, g.text(), rp.grid, rp.threads, self.shared, self.ptypes(), min_ctas=rp.min_ctas)
 
     def merge_kernel(self):
@@ -667,7 +671,7 @@ class _Cols(_Red):
         inner = self.inner
         g = _Src()
         self.shared = 0
-        self.prologue(g, "normc_bwd_dx_cols")
+        self.prologue(g, "normc_bwd_dx_cols", reverse_grid=cp.grid if cp.reverse else 0)
         g(f"ch = bid % {NCH}")
         g(f"grp = bid // {NCH}")
         g(f"r0 = grp * {R}")
@@ -694,49 +698,51 @@ class _Cols(_Red):
                     g(f"a{i}_{e}_{j} = F32(0.0)")
         xt = TAG[b.x_dtype]
         U = cp.unroll
-        with g.block(f"for r in range(r0, r1, {U}):" if U > 1 else "for r in range(r0, r1):"):
-            # U rows at a time: every load of them first (all in flight), then the arithmetic and the stores.
-            # Rows past the group's end are clamped to its last row and masked: their loads give zeros, which
-            # add nothing to the parameter sums, and their stores are skipped.
-            rows = []
-            for u in range(U):
-                if U == 1:
-                    ru, oku = "r", "True"
-                else:
-                    ru, oku = g.new("ru"), g.new("oku")
-                    g(f"{oku} = r + {u} < r1")
-                    g(f"{ru} = min(r + {u}, r1 - 1)")
-                cs = _coords(g, ru, self.kep, "k")
-                nm = {t: g.new(t[0] + "b") for t in ("x", "out", "stat")}
-                for t in ("x", "out", "stat"):
-                    g(f"{nm[t]} = I64({_offset(cs, self.kep, t)})")
-                oks = [self._ok(g, okc, oku) for okc, _ in slots]
-                held = [(self._ld(g, xt, "xp", f"{nm['x']} + {o['x']}", ok),
-                         self._ld(g, TAG[b.dy_dtype], "gp", f"{nm['out']} + {o['out']}", ok))
-                        for ok, (_, o) in zip(oks, slots)]
-                rows.append((ru, nm, oks, held))
-            for ru, nm, oks, held in rows:
-                g(f"rs = ld1_f32(rp, {nm['stat']})")
-                if self.norm:
-                    g(f"mu = ld1_f32(mp, {nm['stat']})")
-                    g(f"mg_ = sC1[{ru} - r0]")
-                g(f"mgx_ = sC2[{ru} - r0]")
-                for e, (ok, (_, o)) in enumerate(zip(oks, slots)):
-                    xs, dys = held[e]
-                    ds = [g.new("dx") for _ in range(V)]
-                    for j in range(V):
-                        xh = g.new("xh")
-                        g(f"{xh} = ({xs[j]} - mu) * rs" if self.norm else f"{xh} = {xs[j]} * rs")
-                        for i, q in enumerate(qs):
-                            g(f"a{i}_{e}_{j} = a{i}_{e}_{j} + {dys[j]} * {xh}" if q == "dyx"
-                              else f"a{i}_{e}_{j} = a{i}_{e}_{j} + {dys[j]}")
-                        gj = f"{dys[j]} * {sc[e][j]}" if sc else dys[j]
-                        if self.norm:
-                            g(f"{ds[j]} = rs * ({gj} - mg_ - {xh} * mgx_)")
-                        else:
-                            g(f"{ds[j]} = rs * ({gj} - {xh} * mgx_)")
-                    v = ds[0] if V == 1 else f"({', '.join(ds)},)"
-                    g(f"stm{V}_{xt}(dp, {nm['out']} + {o['out']}, {v}, {ok})")
+        stream_loop(g, "r0", "r1", U, backwards=cp.reverse)  # reverse: from where the partial kernel ended
+        g("r = base")
+        # U rows at a time: every load of them first (all in flight), then the arithmetic and the stores.
+        # Rows past the group's end are clamped to its last row and masked: their loads give zeros, which
+        # add nothing to the parameter sums, and their stores are skipped.
+        rows = []
+        for u in range(U):
+            if U == 1:
+                ru, oku = "r", "True"
+            else:
+                ru, oku = g.new("ru"), g.new("oku")
+                g(f"{oku} = r + {u} < r1")
+                g(f"{ru} = min(r + {u}, r1 - 1)")
+            cs = _coords(g, ru, self.kep, "k")
+            nm = {t: g.new(t[0] + "b") for t in ("x", "out", "stat")}
+            for t in ("x", "out", "stat"):
+                g(f"{nm[t]} = I64({_offset(cs, self.kep, t)})")
+            oks = [self._ok(g, okc, oku) for okc, _ in slots]
+            held = [(self._ld(g, xt, "xp", f"{nm['x']} + {o['x']}", ok),
+                     self._ld(g, TAG[b.dy_dtype], "gp", f"{nm['out']} + {o['out']}", ok))
+                    for ok, (_, o) in zip(oks, slots)]
+            rows.append((ru, nm, oks, held))
+        for ru, nm, oks, held in rows:
+            g(f"rs = ld1_f32(rp, {nm['stat']})")
+            if self.norm:
+                g(f"mu = ld1_f32(mp, {nm['stat']})")
+                g(f"mg_ = sC1[{ru} - r0]")
+            g(f"mgx_ = sC2[{ru} - r0]")
+            for e, (ok, (_, o)) in enumerate(zip(oks, slots)):
+                xs, dys = held[e]
+                ds = [g.new("dx") for _ in range(V)]
+                for j in range(V):
+                    xh = g.new("xh")
+                    g(f"{xh} = ({xs[j]} - mu) * rs" if self.norm else f"{xh} = {xs[j]} * rs")
+                    for i, q in enumerate(qs):
+                        g(f"a{i}_{e}_{j} = a{i}_{e}_{j} + {dys[j]} * {xh}" if q == "dyx"
+                          else f"a{i}_{e}_{j} = a{i}_{e}_{j} + {dys[j]}")
+                    gj = f"{dys[j]} * {sc[e][j]}" if sc else dys[j]
+                    if self.norm:
+                        g(f"{ds[j]} = rs * ({gj} - mg_ - {xh} * mgx_)")
+                    else:
+                        g(f"{ds[j]} = rs * ({gj} - {xh} * mgx_)")
+                v = ds[0] if V == 1 else f"({', '.join(ds)},)"
+                g(f"stm{V}_{xt}(dp, {nm['out']} + {o['out']}, {v}, {ok})")
+        g.ind -= 1
         G, P = cp.groups, cp.params
         for i, (o, t) in enumerate(zip(cp.outputs, pt)):
             for e, (okc, off) in enumerate(slots):

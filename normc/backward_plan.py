@@ -117,6 +117,19 @@ INNER_SPLIT_ROUND_UP = False
 # 164.5; NHWC f32 (1, 128, 160, 160) 58.0 -> 28.8, (1, 32, 640, 640) 114.2 -> 83.5, (1, 64, 320, 320) 83.1 ->
 # 49.8; NDHWC f16 (2, 128, 32^3) 54.7 -> 37.0, (2, 64, 64^3) 135.4 -> 114.9; f32 (8, 256, 32^3) 366.7 -> 336.5.
 DX_MERGE = True
+# The re-read of x and dy by the dx finish kernel of a split runs backwards: its CTAs take the work items in
+# reverse order and walk their slices last-first, so it starts on the lines the partial kernel read last,
+# which are still in L2 (as the forward's split finish kernel does: normc.lowering.codegen's stream_loop); a
+# forward re-read of tensors larger than L2 misses almost everywhere (LRU under a cyclic scan). Measured on the
+# H200 (tests/gpu_backward_ab.py, 2026-12-03, one run), backward us, reversed / not: inner splits NCDHW f32
+# (2, 64, 64^3) 160.5 / 164.8, f16 (2, 32, 128^3) 329.6 / 334.7, NCHW f32 (1, 32, 640^2) 70.5 / 72.3; outer
+# splits NDHWC f32 (2, 64, 64^3) 165.4 / 172.4, f16 (2, 32, 128^3) 327.0 / 331.9, NHWC f32 (1, 32, 640^2)
+# 76.5 / 79.2, NHWC batch statistics f16 (256, 256, 28, 28) 154.4 / 158.5; within 1% on f32 (2, 64, 128^3)
+# and f16 (2, 64, 64^3) (1.1 GB and 67 MB: a slice's tail in L2 is a few % of it, or all of it fits anyway).
+# The column kernel (COLS_REVERSE) gained nothing and lost on one row: layer norm 4 x 10,000,001 323.5 / 313.4,
+# 100 x 1M 486.3 / 485.8, 10 x 10M 556.8 / 556.7.
+REVERSE_REREAD = True
+COLS_REVERSE = False
 # Column pass (ColsPlan): on/off (A/B measurements; off gives the three-pass general path).
 COLS = True
 # Column kernel: threads per CTA, and at most this many elements per thread per row (vectors x vec): its scale
@@ -177,6 +190,8 @@ class ReducePlan:
         sums_only: dx only: the kernel takes the row sums and writes them to the workspace (per split, even
             when not split); dx is written by the column kernel of :class:`ColsPlan`.
         min_ctas: the launch bound of the split kernels (CTAs per SM; 0: none).
+        reverse: dx split only: the finish kernel takes the work items in reverse order and walks its slice
+            backwards (REVERSE_REREAD: its re-read starts where the partial kernel's read ended, in L2).
         merged: dx outer split only: ``normc_bwd_dx_merge`` adds each row's split partials once (to
             ``merge_offset``, and writes the per-row sums of ``row_outputs``) before the finish kernel, whose
             CTAs then read one merged sum per column instead of every split's partial.
@@ -208,6 +223,7 @@ class ReducePlan:
     sums_only: bool = False
     merged: bool = False
     min_ctas: int = 0
+    reverse: bool = False
 
     @property
     def merge_offset(self) -> int:
@@ -231,6 +247,8 @@ class ReducePlan:
         nk = 1 if self.sums_only else 3 if self.merged else 2 if self.splits > 1 else 1
         if self.sums_only:
             til += " (row sums only: dx by the column kernel)"
+        if self.reverse:
+            til += " (finish re-reads last-first)"
         rows = (f"; {'+'.join(self.row_outputs)} from its per-row sums ({','.join(self.sums)}), added by "
                 f"normc_bwd_row_finish" if self.row_outputs else "")
         return (f"{what}: {self.strategy}, {self.keys} sums x {self.reduced} elements, axes {ax} "
@@ -334,6 +352,8 @@ class ColsPlan:
         chunks: column chunks of a row; groups, rows_per_group: row groups and their size; grid: CTAs.
         unroll: rows a thread loads before it computes (their loads all in flight).
         min_ctas: the launch bound (CTAs of ``threads`` per SM; 0: none).
+        reverse: CTA ``b`` takes the work item ``grid - 1 - b`` and walks its group's rows last-first
+            (COLS_REVERSE, off by default: measured no faster).
         outputs: the parameter gradients it produces (``dscale`` and/or ``dshift``).
         params: parameter elements (= elements per row); keys: rows; sum_splits: partials per row sum.
         ws_offset: float32 offset of the group partials (only when ``groups > 1``).
@@ -353,6 +373,7 @@ class ColsPlan:
     ws_offset: int
     unroll: int = 1
     min_ctas: int = 0
+    reverse: bool = False
 
     @property
     def workspace_floats(self) -> int:
@@ -364,7 +385,8 @@ class ColsPlan:
         dest = ("written directly" if self.groups == 1 else
                 f"per-group partials ({self.groups} x {self.params}) added in group order by normc_bwd_cols_finish")
         return (f"dx columns: {self.chunks} chunks of {self.threads} threads x {self.per} x {self.vec}, "
-                f"{self.groups} row groups of {self.rows_per_group} rows ({self.unroll} at a time), "
+                f"{self.groups} row groups of {self.rows_per_group} rows ({self.unroll} at a time"
+                f"{', last-first' if self.reverse else ''}), "
                 f"grid={self.grid} block={self.threads}; "
                 f"{'+'.join(self.outputs)} {dest}")
 
@@ -655,7 +677,8 @@ def _cols_plan(p, dx, outputs, dbytes, sms, ws_offset, forced, why):
     unroll = -(-rpg // -(-rpg // unroll))  # the same trips, evened out (4 rows: 2 + 2, not 3 + 1 masked)
     cp = ColsPlan(threads=T, per=per, vec=V, chunks=chunks, groups=groups, rows_per_group=rpg,
                   grid=chunks * groups, outputs=tuple(outputs), params=p.reduced, keys=keys,
-                  sum_splits=dx.splits, ws_offset=ws_offset, unroll=unroll, min_ctas=min(32, per_sm))
+                  sum_splits=dx.splits, ws_offset=ws_offset, unroll=unroll, min_ctas=min(32, per_sm),
+                  reverse=COLS_REVERSE)
     why.append(f"{'+'.join(outputs)}: vary along the row only: accumulated by the column kernel that writes dx "
                f"({chunks} column chunks x {groups} row groups of {rpg} rows), x and dy read twice, not three "
                f"times")
@@ -726,6 +749,10 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
             dx = replace(dx, merged=True)
             dx_why.append(f"dx: the {dx.splits} split partials of each of the {dx.keys} rows added once by "
                           f"normc_bwd_dx_merge, not by each finish CTA")
+        if REVERSE_REREAD and dx.splits > 1 and not dx.sums_only:
+            dx = replace(dx, reverse=True)
+            dx_why.append("dx: the finish kernel re-reads x and dy in reverse (work items and slices last-first), "
+                          "starting on what the partial kernel left in L2")
         why[:0] = dx_why
     groups = []
     if len(want) == 2 and all(a.scale == a.shift for a in p.axes):

@@ -260,13 +260,20 @@ def test_batch_norm_1d():
     assert plan.dx.strategy == "outer"
 
 
-@pytest.mark.parametrize("spec,shape,perm", [(LN, (2, 200), None), (IN2, (1, 3, 6, 6), NHWC)],
-                         ids=["inner", "outer"])
-def test_split_reductions(spec, shape, perm):
-    # schedule="split" forces two splits in every reduction: partial kernels, then the ordered finish kernels
+@pytest.mark.parametrize("reverse", [True, False], ids=["reverse", "forward"])
+@pytest.mark.parametrize("spec,shape,perm", [(LN, (2, 200), None), (IN2, (1, 3, 6, 6), NHWC),
+                                             (IN2, (2, 3, 7, 9), None)], ids=["inner", "outer", "inner-rows"])
+def test_split_reductions(spec, shape, perm, reverse, monkeypatch):
+    # schedule="split" forces two splits in every reduction: partial kernels, then the ordered finish kernels,
+    # whose re-read runs last-first by default (REVERSE_REREAD) or first-to-last
+    monkeypatch.setattr("normc.backward_plan.REVERSE_REREAD", reverse)
+    monkeypatch.setattr("normc.backward_plan.COLS_REVERSE", reverse)
     _, plan = run_bwd(spec, make_x(shape, "float32", perm=perm), schedule="split")
     assert plan.dx.splits == 2 and all(r.splits == 2 for r in plan.params)
     assert plan.workspace_floats > 0
+    assert plan.dx.reverse == reverse or plan.cols is not None
+    if plan.cols is not None:
+        assert plan.cols.reverse == reverse
 
 
 # ----------------------------------------------------------------------------------------------------
