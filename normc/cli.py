@@ -74,6 +74,9 @@ def _parse_sizes(items) -> dict:
                 raise _UsageError(f"--size {piece!r}: expected NAME=INT, e.g. g=32")
             if name in sizes:
                 raise _UsageError(f"--size {name}= given twice")
+            if not name.isidentifier() or name == "eps":
+                raise _UsageError(f"--size {piece!r}: {name!r} cannot name a part of a split dim (use --eps for "
+                                  f"epsilon); expected NAME=INT, e.g. g=32")
             sizes[name] = int(value)
     return sizes
 
@@ -175,6 +178,8 @@ def _cmd_ptx(args) -> int:
 
     if getattr(args, "backward", False):
         plan = _backward_plan_from_args(args)
+        if plan.kept * plan.reduced == 0:
+            raise _UsageError("--shape has a zero extent: there is nothing to compute and no kernel to write")
         kernels = lower_backward(plan)
     else:
         plan = _plan_from_args(args)

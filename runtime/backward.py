@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import threading
 
+import numpy as np
+
 from ..canonical import dense_like
 from ..errors import ArgumentError
 from ..problem import make_problem, pointer_align
@@ -103,17 +105,22 @@ def plan_backward(spec, shape, dtype="float32", *, strides=None, layout=None, dy
         :class:`normc.backward_plan.BackwardPlan`.
 
     Raises:
-        ArgumentError: shape, layout or dtype do not fit the spec.
+        ArgumentError: shape, layout or dtype do not fit the spec; arch is not a supported compute capability;
+            schedule is not one of ``None``, ``"split"``, ``"looped"``, ``"cluster"``.
     """
     from ..api import layout_strides
     from ..backward_plan import make_backward_plan
+    from ..lowering import arch_cc
     from ..planner import DEFAULT_SMS
     from ..spec import spec as parse
 
     if isinstance(spec, str):
         spec = parse(spec)
+    spec.axis_sizes(shape)  # type, rank and split checks first: ArgumentError naming x
     shape = tuple(int(s) for s in shape)
-    spec.axis_sizes(shape)
+    cc = arch_cc(arch)
+    if schedule not in (None, "split", "looped", "cluster"):
+        raise ArgumentError(f"schedule is {schedule!r}; expected None, 'split', 'looped' or 'cluster'")
     if strides is None:
         strides = layout_strides(spec, shape, layout)
     prob = make_problem(spec, shape, strides, dense_like(shape, strides), x_dtype=dtype, out_dtype=dtype,
@@ -121,7 +128,7 @@ def plan_backward(spec, shape, dtype="float32", *, strides=None, layout=None, dy
     if dy_dtype is not None and dy_dtype not in SUPPORTED:
         raise ArgumentError(f"dy has dtype {dy_dtype}; expected one of {', '.join(SUPPORTED)}")
     return make_backward_plan(prob, dy_dtype=dy_dtype, need_dscale=need_dscale, need_dshift=need_dshift,
-                              arch=arch, sms=sms or DEFAULT_SMS, schedule=schedule)
+                              arch=f"sm_{cc[0]}{cc[1]}", sms=sms or DEFAULT_SMS, schedule=schedule)
 
 
 def _build(compiled, gi, xi, si, need_dscale, need_dshift):
@@ -231,6 +238,9 @@ def backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_
         fast = compiled._bfast.get(fk)
         if fast is not None:
             return fast(dy, x, mean, rstd, scale)
+    for name, flag in (("need_dscale", need_dscale), ("need_dshift", need_dshift)):
+        if not isinstance(flag, (bool, np.bool_)):
+            raise ArgumentError(f"{name} is {flag!r}; expected True or False")
     launch = _LaunchStream(stream, x)
     xi = describe(x, "x", launch)
     gi = describe(dy, "dy", launch)
@@ -277,8 +287,6 @@ def backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_
     nws = plan.workspace_floats
     if entry.sim:
         import warnings
-
-        import numpy as np
 
         from .simulate import _flat, _launch_lock
 

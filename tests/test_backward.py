@@ -806,6 +806,16 @@ def test_load_fitting_clusters_halves_until_they_fit(monkeypatch):
     assert plan == 1 and asked == [None]
 
 
+def test_plan_backward_argument_errors():
+    with pytest.raises(normc.ArgumentError, match="arch is 'foo'"):
+        plan_backward(LN, (2, 8), arch="foo")
+    with pytest.raises(normc.ArgumentError, match="schedule is 'bogus'"):
+        plan_backward(LN, (2, 8), schedule="bogus")
+    with pytest.raises(normc.ArgumentError, match="x shape must be a sequence of non-negative ints"):
+        plan_backward(LN, ("a", 8))
+    assert plan_backward(LN, (2, 8), arch="90").arch == "sm_90"
+
+
 def test_errors():
     f = normc.compile(LN)
     x = make_x((3, 8), "float32")
@@ -823,5 +833,7 @@ def test_errors():
         f.backward(x, x, m, r)
     with pytest.raises(normc.ArgumentError, match="dy has dtype float64"):
         f.backward(x.astype(np.float64), x, m, r, sc)
+    with pytest.raises(normc.ArgumentError, match="need_dscale is 'no'; expected True or False"):
+        f.backward(x, x, m, r, sc, need_dscale="no")
     with pytest.raises(normc.ArgumentError, match="scale was given"):
         normc.compile("t d : norm over d").backward(x, x, m, r, sc)

@@ -116,6 +116,20 @@ def test_plan_backward(capsys):
     assert "x float16, dy float32" in out and "dx: outer" in out
     assert main(args + ["--explain"]) == 2
     assert "--explain" in capsys.readouterr().err
+    # the backward plan checks --arch as the forward does
+    for arch, msg in (("foo", "arch is 'foo'"), ("sm_50", "arch sm_50 is not supported")):
+        assert main(args + ["--arch", arch]) == 2
+        assert msg in capsys.readouterr().err
+
+
+def test_bad_size_names_and_empty_backward_ptx(capsys):
+    # a split part named eps would collide with the spec's epsilon: a usage error, not a TypeError
+    assert main(["plan", "t d : norm over d", "--shape", "2,3", "--size", "eps=3"]) == 2
+    assert "'eps' cannot name a part of a split dim" in capsys.readouterr().err
+    # no kernel to write for an empty x, backward as forward
+    for extra in ([], ["--backward"]):
+        assert main(["ptx", "t d : norm over d ; scale d ; shift d", "--shape", "0,16", *extra]) == 2
+        assert "zero extent" in capsys.readouterr().err
 
 
 def test_plan_eps_and_sizes(capsys):
