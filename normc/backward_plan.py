@@ -130,6 +130,12 @@ DX_MERGE = True
 # 100 x 1M 486.3 / 485.8, 10 x 10M 556.8 / 556.7.
 REVERSE_REREAD = True
 COLS_REVERSE = False
+# Outer dx, pass 2: rstd, mean and scale constant along the rows (hoisted per column) are folded with the row
+# means into three factors per column, dx = A*dy - C - (x - mean)*B (normc.lowering.backward's _Red.fold_dx):
+# four values held per column instead of five. The float16 NHWC batch-statistics finish kernel (8 columns per
+# thread) then fits 64 registers, the bound of 4 CTAs per SM, without spilling (72 registers and 3 per SM
+# before, for a grid sized for 4: a second partial wave).
+FOLD_DX = True
 # Column pass (ColsPlan): on/off (A/B measurements; off gives the three-pass general path).
 COLS = True
 # Column kernel: threads per CTA, and at most this many elements per thread per row (vectors x vec): its scale
@@ -190,6 +196,8 @@ class ReducePlan:
         sums_only: dx only: the kernel takes the row sums and writes them to the workspace (per split, even
             when not split); dx is written by the column kernel of :class:`ColsPlan`.
         min_ctas: the launch bound of the split kernels (CTAs per SM; 0: none).
+        fold: dx outer only: pass 2 folds rstd, mean, scale and the row means into per-column factors where they
+            are constant along the rows (FOLD_DX).
         reverse: dx split only: the finish kernel takes the work items in reverse order and walks its slice
             backwards (REVERSE_REREAD: its re-read starts where the partial kernel's read ended, in L2).
         merged: dx outer split only: ``normc_bwd_dx_merge`` adds each row's split partials once (to
@@ -224,6 +232,7 @@ class ReducePlan:
     merged: bool = False
     min_ctas: int = 0
     reverse: bool = False
+    fold: bool = False
 
     @property
     def merge_offset(self) -> int:
@@ -749,6 +758,8 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
             dx = replace(dx, merged=True)
             dx_why.append(f"dx: the {dx.splits} split partials of each of the {dx.keys} rows added once by "
                           f"normc_bwd_dx_merge, not by each finish CTA")
+        if FOLD_DX and dx.strategy == "outer":
+            dx = replace(dx, fold=True)
         if REVERSE_REREAD and dx.splits > 1 and not dx.sums_only:
             dx = replace(dx, reverse=True)
             dx_why.append("dx: the finish kernel re-reads x and dy in reverse (work items and slices last-first), "

@@ -9,6 +9,7 @@ dscale = sum of dy*xhat and dshift = sum of dy over the axes each parameter is b
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -274,6 +275,22 @@ def test_split_reductions(spec, shape, perm, reverse, monkeypatch):
     assert plan.dx.reverse == reverse or plan.cols is not None
     if plan.cols is not None:
         assert plan.cols.reverse == reverse
+
+
+@pytest.mark.parametrize("fold", [True, False], ids=["fold", "nofold"])
+@pytest.mark.parametrize("spec,shape,dtype,schedule", [
+    (BN, (3, 10, 4, 6), "float16", None),      # batch statistics NHWC: mean, rstd and scale per column
+    (IN2, (2, 6, 5, 3), "float32", "split"),   # instance norm NHWC: per (n, c), constant along h w
+    ("n c h w : rms over h w ; scale c", (2, 5, 3, 7), "float32", None),
+], ids=["batch-f16", "instance-split", "rms"])
+def test_outer_dx_folded_factors(spec, shape, dtype, schedule, fold, monkeypatch):
+    # FOLD_DX: pass 2 of an outer dx writes dx = A*dy - C - (x - mean)*B from per-column factors; either way
+    # the gradients match the float64 reference (run_bwd)
+    monkeypatch.setattr("normc.backward_plan.FOLD_DX", fold)
+    _, plan = run_bwd(spec, make_x(shape, dtype, perm=NHWC), schedule=schedule)
+    assert plan.dx.strategy == "outer" and plan.dx.fold == fold
+    src = "".join(k.source for k in generate_backward(plan))
+    assert bool(re.search(r"\bfb\d+ = ", src)) == fold  # the per-column factor B
 
 
 # ----------------------------------------------------------------------------------------------------
