@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from .canonical import Axis, canonicalize
 from .planner import (CLUSTER_SIZES, CTA_THREADS, DEFAULT_SMS, ITEMSIZE, LOOP_UNROLL, MAX_PERSISTENT_THREADS,
-                      MAX_VECTOR_BYTES, SPLIT_CTAS_PER_SM, _clusters_ok, pick_vec)
+                      MAX_VECTOR_BYTES, SPLIT_CTAS_PER_SM, _clusters_ok, check_grid, pick_vec)
 
 __all__ = ["ReducePlan", "FusedPlan", "ColsPlan", "BackwardPlan", "make_backward_plan"]
 
@@ -780,6 +780,8 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
         rp = replace(rp, ws_offset=off)
         off += rp.workspace_floats
         params.append(rp)
+    grids = [r.grid for r in params] + [dx.grid if fused is None else fused.grid]
+    check_grid(max(grids + ([cols.grid] if cols is not None else [])), p.kept, p.reduced)
     produced = {o for r in params for o in r.outputs} | set(dx.row_outputs)
     if cols is not None:
         produced |= set(cols.outputs)

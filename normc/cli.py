@@ -151,12 +151,18 @@ def _cmd_plan(args) -> int:
         if args.explain:
             raise _UsageError("--explain lists the forward planner's rejected alternatives; the backward plan's "
                               "'why:' lines give its reasons (drop --explain or --backward)")
+        if args.stats:
+            raise _UsageError("--stats asks the forward for mean and rstd; the backward plan reads them "
+                              "(drop --stats or --backward)")
         plan = _backward_plan_from_args(args)
         _emit((plan.to_json() if args.json else plan.describe()) + "\n", args.output)
         return 0
+    if args.explain and args.json:
+        raise _UsageError("--explain adds text lines ('rejected: ...') that --json output cannot hold "
+                          "(drop one of them)")
     plan = _plan_from_args(args)
     text = plan.to_json() if args.json else plan.describe()
-    if args.explain and not args.json:
+    if args.explain:
         text += "\n" + "\n".join(f"rejected: {r}" for r in rejected(plan))
     _emit(text + "\n", args.output)
     return 0
@@ -352,10 +358,10 @@ examples:
     _add_common(p)
     p.add_argument("--json", action="store_true", help="print the plan as JSON (Plan.to_json) instead of text")
     p.add_argument("--explain", action="store_true", help="also say why each other strategy and schedule was "
-                   "rejected")
+                   "rejected (text output: not with --json or --backward)")
     p.add_argument("--backward", action="store_true", help="the backward plan instead (dx's reduction, the fused "
                    "or column kernel and its cluster, the parameter reductions, the workspace; --out-dtype is "
-                   "dy's dtype); see docs/backward.md")
+                   "dy's dtype; not with --stats); see docs/backward.md")
     p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser(

@@ -150,6 +150,8 @@ COOP_L2_BYTES = 30 * 2**20
 # reduction spread over them merge without a second pass over x (QuACK's cluster reductions,
 # design/anchors.md).
 CLUSTER_SIZES = (2, 4, 8, 16)
+# Most CTAs a 1D grid may have (gridDim.x <= 2^31 - 1: CUDA programming guide, "Compute capabilities").
+MAX_GRID_X = 2**31 - 1
 # Sizes above 8 are "non-portable": the runtime sets cudaFuncAttributeNonPortableClusterSizeAllowed (H100/H200
 # accept 16).
 PORTABLE_CLUSTER = 8
@@ -510,8 +512,21 @@ def make_plan(problem, *, arch="sm_90", sms=DEFAULT_SMS, schedule=None, max_clus
 
     csizes = tuple(c for c in CLUSTER_SIZES if max_cluster is None or c <= max_cluster)
     if strategy == "inner":
-        return _plan_inner(p, common, dbytes, unit, why, schedule, csizes)
-    return _plan_outer(p, common, dbytes, unit, strategy, why, schedule, csizes)
+        plan = _plan_inner(p, common, dbytes, unit, why, schedule, csizes)
+    else:
+        plan = _plan_outer(p, common, dbytes, unit, strategy, why, schedule, csizes)
+    check_grid(plan.grid, p.kept, p.reduced)
+    return plan
+
+
+def check_grid(grid, kept, reduced):
+    """Raise :class:`normc.ArgumentError` when a kernel would need more CTAs than one launch can have
+    (MAX_GRID_X along x: the CUDA programming guide's limit on gridDim.x)."""
+    if grid > MAX_GRID_X:
+        from .errors import ArgumentError
+
+        raise ArgumentError(f"x of {kept} x {reduced} elements would need a grid of {grid} CTAs; a launch holds at "
+                            f"most {MAX_GRID_X} (2^31 - 1) along x")
 
 
 def _param_vec(p, axes, vec, dbytes, which, block):

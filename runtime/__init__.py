@@ -90,6 +90,10 @@ def _stream_handle(stream, kind, device=None):
     raise ArgumentError(f"stream is a {type(stream).__name__}; expected a CUDA stream object or handle")
 
 
+# attributes through which _stream_handle reads a stream object's raw handle
+_STREAM_ATTRS = ("cuda_stream", "ptr", "handle", "__cuda_stream__")
+
+
 class _LaunchStream:
     """The raw handle of the stream a call launches on (:func:`_stream_handle` for ``stream`` and x), worked
     out on first use: :func:`describe` calls it for the DLPack / CUDA array interface stream handshake of
@@ -99,6 +103,12 @@ class _LaunchStream:
     __slots__ = ("stream", "kind", "device", "handle")
 
     def __init__(self, stream, x):
+        if stream is not None and not (
+                (isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0)
+                or any(hasattr(stream, a) for a in _STREAM_ATTRS)):
+            # checked here, not only when the handle is first needed: the simulator never asks for it
+            raise ArgumentError(f"stream is {stream!r}; expected a CUDA stream object (torch, CuPy, Numba, "
+                                f"cuda.core) or a non-negative int handle")
         self.stream = stream
         self.kind = kind_of(x)
         self.device = None

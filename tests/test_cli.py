@@ -116,6 +116,11 @@ def test_plan_backward(capsys):
     assert "x float16, dy float32" in out and "dx: outer" in out
     assert main(args + ["--explain"]) == 2
     assert "--explain" in capsys.readouterr().err
+    # flags that would be ignored are usage errors
+    assert main(args + ["--stats"]) == 2
+    assert "--stats" in capsys.readouterr().err
+    assert main(["plan", *IN_ARGS, "--json", "--explain"]) == 2
+    assert "--explain" in capsys.readouterr().err
     # the backward plan checks --arch as the forward does
     for arch, msg in (("foo", "arch is 'foo'"), ("sm_50", "arch sm_50 is not supported")):
         assert main(args + ["--arch", arch]) == 2

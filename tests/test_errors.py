@@ -194,12 +194,17 @@ def test_bad_out_dtype(bad):
         normc.compile(PLAIN, out_dtype=bad)
 
 
-def test_bad_stream_type_is_ignored_or_argument_error():
-    # the simulator ignores streams; a nonsense stream must never surface as a non-normc error
-    try:
-        normc.compile(PLAIN)(make_x((1, 4), "float32"), stream=object())
-    except NormcError:
-        pass
+@pytest.mark.parametrize("bad", [object(), "abc", -1, True], ids=["object", "str", "negative", "bool"])
+def test_bad_stream_is_argument_error(bad):
+    # checked on every call, also on the simulator (which launches on no stream), forward and backward
+    f = normc.compile(PLAIN)
+    x = make_x((1, 4), "float32")
+    with raises(ArgumentError, "stream is"):
+        f(x, stream=bad)
+    _, m, r = f(x, return_stats=True)
+    with raises(ArgumentError, "stream is"):
+        f.backward(x, x, m, r, stream=bad)
+    assert f(x, stream=0).shape == (1, 4)  # a plain handle is fine
 
 
 def test_negative_strides_on_simulator():
@@ -264,3 +269,14 @@ def test_layout_of_the_wrong_type_is_named():
     for bad in (False, 3, [0, "a"]):
         with raises(ArgumentError, "layout"):
             normc.plan(PLAIN, (4, 6), layout=bad)
+
+
+def test_grid_beyond_one_launch_is_argument_error():
+    # planning only (no array this large is allocated): 10^12 short rows need 3.9e9 CTAs, over 2^31 - 1
+    from normc.runtime.backward import plan_backward
+
+    with raises(ArgumentError, "would need a grid of"):
+        normc.plan("t d : norm over d", (10**12, 1), "float32")
+    with raises(ArgumentError, "would need a grid of"):
+        plan_backward("t d : norm over d ; scale d ; shift d", (10**9, 10**9), "float32")
+    assert plan_backward("t d : norm over d ; scale d ; shift d", (10**9, 4), "float32").fused.grid == 264
