@@ -760,6 +760,8 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
                           f"normc_bwd_dx_merge, not by each finish CTA")
         if FOLD_DX and dx.strategy == "outer":
             dx = replace(dx, fold=True)
+            dx_why.append("dx: pass 2 folds rstd, mean, scale and the row means into three factors per column "
+                          "where they are constant along the rows (dx = A*dy - C - (x - mean)*B)")
         if REVERSE_REREAD and dx.splits > 1 and not dx.sums_only:
             dx = replace(dx, reverse=True)
             dx_why.append("dx: the finish kernel re-reads x and dy in reverse (work items and slices last-first), "
