@@ -474,7 +474,10 @@ def main(argv=None) -> int:
         if extra:
             hint = ("; the spec is one argument: quote it, e.g. normc plan \"n c h w : norm over h w\" --shape ..."
                     if args.command in ("plan", "ptx") and ":" in extra else "")
-            parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+            # the command's own usage line, as argparse gives for its other errors
+            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+            sub = subs[0].choices.get(args.command) if subs and getattr(args, "command", None) else None
+            (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     except SystemExit as e:  # --help, --version (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:

@@ -127,6 +127,12 @@ def test_plan_backward(capsys):
         assert msg in capsys.readouterr().err
 
 
+def test_unknown_option_shows_the_commands_usage(capsys):
+    assert main(["plan", "t d : norm over d", "--shape", "2,3", "--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: normc plan") and "normc plan: error: unrecognized arguments: --bogus" in err
+
+
 def test_bad_size_names_and_empty_backward_ptx(capsys):
     # a split part named eps would collide with the spec's epsilon: a usage error, not a TypeError
     assert main(["plan", "t d : norm over d", "--shape", "2,3", "--size", "eps=3"]) == 2
