@@ -231,7 +231,11 @@ class _Red(_Emitter):
                 g(f"{ds[j]} = {rj} * ({gj} - {c1[j]} - {xj} * {c2[j]})")
             else:
                 g(f"{ds[j]} = {rj} * ({gj} - {xj} * {c2[j]})")
-        t = TAG[self.bp.x_dtype]
+        self.store_dx(g, ds, off_out)
+
+    def store_dx(self, g, ds, off_out):
+        """Store one vector of dx (names ``ds``, float32) at element offset ``off_out``, in x's dtype."""
+        t, V = TAG[self.bp.x_dtype], self.V
         if V == 1:
             g(f"st1_{t}(dp, {off_out}, {ds[0]})")
         else:
@@ -261,7 +265,7 @@ class _Red(_Emitter):
 
     def emit_dx_folded(self, g, folds, offs):
         """Load one vector of x and dy at ``offs`` and write its dx from :meth:`fold_dx`'s factors."""
-        b, V = self.bp, self.V
+        V = self.V
         xs, dys = self.load_x_dy(g, offs)
         ds = [g.new("dx") for _ in range(V)]
         for j, (A, B, C, mu) in enumerate(folds):
@@ -269,11 +273,7 @@ class _Red(_Emitter):
                 g(f"{ds[j]} = {A} * {dys[j]} - {C} - ({xs[j]} - {mu}) * {B}")
             else:
                 g(f"{ds[j]} = {A} * {dys[j]} - {xs[j]} * {B}")
-        t = TAG[b.x_dtype]
-        if V == 1:
-            g(f"st1_{t}(dp, {offs['out']}, {ds[0]})")
-        else:
-            g(f"st{V}_{t}(dp, {offs['out']}, ({', '.join(ds)},))")
+        self.store_dx(g, ds, offs["out"])
 
     def varies(self, iter_axes):
         v = {"stat": any(a.stat for a in iter_axes), "scale": any(a.scale for a in iter_axes)}

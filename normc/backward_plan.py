@@ -55,6 +55,9 @@ from .planner import (CLUSTER_SIZES, CTA_THREADS, DEFAULT_SMS, ITEMSIZE, LOOP_UN
 
 __all__ = ["ReducePlan", "FusedPlan", "ColsPlan", "BackwardPlan", "make_backward_plan"]
 
+# The schedules make_backward_plan acts on (its ``schedule`` argument; runtime.backward.plan_backward accepts
+# only these).
+SCHEDULES = (None, "split", "looped", "cluster")
 # Up to this many splits are forced by ``schedule="split"`` (tests: covers the partial/finish kernels on tiny
 # inputs).
 FORCED_SPLITS = 2

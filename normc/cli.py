@@ -362,7 +362,7 @@ examples:
     p.add_argument("--backward", action="store_true", help="the backward plan instead (dx's reduction, the fused "
                    "or column kernel and its cluster, the parameter reductions, the workspace; --out-dtype is "
                    "dy's dtype; not with --stats); see docs/backward.md")
-    p.set_defaults(func=_cmd_plan)
+    p.set_defaults(func=_cmd_plan, command_parser=p)
 
     p = sub.add_parser(
         "ptx", help="print the PTX of the plan's kernels",
@@ -386,7 +386,7 @@ examples:
                    "--arch) to the -o FILE instead of PTX")
     p.add_argument("--resource-usage", action="store_true", help="report registers, shared memory, stack and "
                    "spills of each kernel (ptxas through nvJitLink) on stderr")
-    p.set_defaults(func=_cmd_ptx)
+    p.set_defaults(func=_cmd_ptx, command_parser=p)
 
     p = sub.add_parser(
         "bench", help="time normc against torch eager, torch.compile and Liger on a workload table (GPU)",
@@ -429,7 +429,7 @@ examples:
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --out/bench.json (backward.json with --backward; written after every "
                         "row) instead of starting over")
-    p.set_defaults(func=_cmd_bench)
+    p.set_defaults(func=_cmd_bench, command_parser=p)
 
     p = sub.add_parser(
         "cache", help="list or clear the on-disk kernel cache",
@@ -439,7 +439,7 @@ examples:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("action", choices=("list", "clear", "dir"), nargs="?", default="list")
-    p.set_defaults(func=_cmd_cache)
+    p.set_defaults(func=_cmd_cache, command_parser=p)
     return parser
 
 
@@ -475,9 +475,7 @@ def main(argv=None) -> int:
             hint = ("; the spec is one argument: quote it, e.g. normc plan \"n c h w : norm over h w\" --shape ..."
                     if args.command in ("plan", "ptx") and ":" in extra else "")
             # the command's own usage line, as argparse gives for its other errors
-            subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-            sub = subs[0].choices.get(args.command) if subs and getattr(args, "command", None) else None
-            (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}{hint}")
+            getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     except SystemExit as e:  # --help, --version (0) and usage errors (2)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:

@@ -77,6 +77,7 @@ def _stream_handle(stream, kind, device=None):
 
             return cupy.cuda.get_current_stream().ptr
         return 0
+    check_stream(stream)
     if isinstance(stream, int):
         return stream
     for attr in ("cuda_stream", "ptr"):
@@ -85,13 +86,21 @@ def _stream_handle(stream, kind, device=None):
     if hasattr(stream, "handle"):  # numba stream
         h = stream.handle
         return int(getattr(h, "value", h) or 0)
-    if hasattr(stream, "__cuda_stream__"):
-        return int(stream.__cuda_stream__()[1])
-    raise ArgumentError(f"stream is a {type(stream).__name__}; expected a CUDA stream object or handle")
+    return int(stream.__cuda_stream__()[1])  # cuda.core and other CUDA stream protocol objects
 
 
 # attributes through which _stream_handle reads a stream object's raw handle
 _STREAM_ATTRS = ("cuda_stream", "ptr", "handle", "__cuda_stream__")
+
+
+def check_stream(stream):
+    """Raise :class:`ArgumentError` unless ``stream`` is None, a non-negative int handle, or an object with a
+    raw handle :func:`_stream_handle` can read (torch, CuPy, Numba, cuda.core streams)."""
+    if stream is None or (isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0):
+        return
+    if not any(hasattr(stream, a) for a in _STREAM_ATTRS):  # also a negative int or a bool
+        raise ArgumentError(f"stream is {stream!r}; expected a CUDA stream object (torch, CuPy, Numba, "
+                            f"cuda.core) or a non-negative int handle")
 
 
 class _LaunchStream:
@@ -103,12 +112,7 @@ class _LaunchStream:
     __slots__ = ("stream", "kind", "device", "handle")
 
     def __init__(self, stream, x):
-        if stream is not None and not (
-                (isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0)
-                or any(hasattr(stream, a) for a in _STREAM_ATTRS)):
-            # checked here, not only when the handle is first needed: the simulator never asks for it
-            raise ArgumentError(f"stream is {stream!r}; expected a CUDA stream object (torch, CuPy, Numba, "
-                                f"cuda.core) or a non-negative int handle")
+        check_stream(stream)  # here, not only when the handle is first needed: the simulator never asks for it
         self.stream = stream
         self.kind = kind_of(x)
         self.device = None

@@ -109,7 +109,7 @@ def plan_backward(spec, shape, dtype="float32", *, strides=None, layout=None, dy
             schedule is not one of ``None``, ``"split"``, ``"looped"``, ``"cluster"``.
     """
     from ..api import layout_strides
-    from ..backward_plan import make_backward_plan
+    from ..backward_plan import SCHEDULES, make_backward_plan
     from ..lowering import arch_cc
     from ..planner import DEFAULT_SMS
     from ..spec import spec as parse
@@ -119,8 +119,8 @@ def plan_backward(spec, shape, dtype="float32", *, strides=None, layout=None, dy
     spec.axis_sizes(shape)  # type, rank and split checks first: ArgumentError naming x
     shape = tuple(int(s) for s in shape)
     cc = arch_cc(arch)
-    if schedule not in (None, "split", "looped", "cluster"):
-        raise ArgumentError(f"schedule is {schedule!r}; expected None, 'split', 'looped' or 'cluster'")
+    if schedule not in SCHEDULES:
+        raise ArgumentError(f"schedule is {schedule!r}; expected one of {', '.join(map(repr, SCHEDULES))}")
     if strides is None:
         strides = layout_strides(spec, shape, layout)
     prob = make_problem(spec, shape, strides, dense_like(shape, strides), x_dtype=dtype, out_dtype=dtype,
