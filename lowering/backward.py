@@ -24,7 +24,10 @@ Kernels, in launch order (see :mod:`normc.backward_plan`):
   Parameters constant along every row (``dx.row_outputs``: instance and batch norm's ``scale c``): pass 1 sums
   ``dy`` and ``dy*xhat`` instead (g's sums are the row's scale times them), the row's sums are written to the
   workspace, and ``normc_bwd_row_finish`` adds them per parameter element in a fixed order; x and dy are not
-  read again.
+  read again. Parameters varying along the row's outer summed axes only (``dx.seg_outputs``: NCHW group norm's
+  ``scale g k``): pass 1 also adds ``dy*xhat`` / ``dy`` per warp into shared-memory slots, the row's lanes add
+  each segment's slots in order and write them to the workspace, and ``normc_bwd_seg_finish`` adds them per
+  parameter element.
 * Column pass (``plan.cols``; layer and RMS norm rows too long for the fused kernel): ``normc_bwd_dx_partial``
   only writes each row's sums (per split, or one slot per row when not split), then ``normc_bwd_dx_cols``
   writes dx by column chunks and row groups, accumulating ``dscale``/``dshift`` in registers across the
@@ -38,6 +41,8 @@ All arithmetic is float32; nothing uses atomics, so results are bitwise reproduc
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from .codegen import TAG, KernelSource, _coords, _Emitter, _offset, _ptr_type, _Src, stream_loop, vector_offsets
 
@@ -300,6 +305,48 @@ class _Red(_Emitter):
         with g.block(f"for wi in range(1, {NW}):"):
             g(f"{s} = {s} + ss{tag}[rloc * {NW} + wi]")
 
+    def segment_slots(self, g, vals):
+        """Segment route, in pass 1 (vector ``c`` of the row in ``vals``): the warp adds ``dy*xhat`` / ``dy`` of its
+        32 vectors (all in one segment) by an xor butterfly, and its lane 0 stores them to the vector's slot
+        ``c // 32`` of this row in shared memory ``sg``."""
+        rp, V = self.rp, self.V
+        NSL, nq = rp.reduced // V // 32, len(rp.seg_outputs)
+        ws = []
+        for o in rp.seg_outputs:
+            w = g.new("w")
+            if _SUM[o] == "dyx":
+                g(f"{w} = " + " + ".join(f"{vals['dy'][j]} * {vals['xh'][j]}" for j in range(V)))
+            else:
+                g(f"{w} = " + " + ".join(vals["dy"][j] for j in range(V)))
+            ws.append(w)
+        off = 16
+        while off >= 1:
+            for w in ws:
+                g(f"{w} = {w} + shfl_xor({w}, {off})")
+            off //= 2
+        with g.block("if lane % 32 == 0:"):
+            for i, w in enumerate(ws):
+                g(f"sg[(rloc * {NSL} + c // 32) * {nq} + {i}] = {w}")
+
+    def store_segments(self, g):
+        """Segment route, after pass 1: the row's lanes add the slots of each segment in slot order and store the
+        segment sums to the workspace, one float32 per (row, segment, output)."""
+        rp = self.rp
+        NSL, nq, NSEG = rp.reduced // self.V // 32, len(rp.seg_outputs), rp.segments
+        SPS = NSL // NSEG
+        g("cuda.syncthreads()")
+        with g.block(f"for sk in range(lane, {NSEG}, {rp.tpr}):"):
+            slot = f"(rloc * {NSL} + sk * {SPS} + sj) * {nq}"
+            for i in range(nq):
+                g(f"t{i} = sg[(rloc * {NSL} + sk * {SPS}) * {nq} + {i}]")
+            if SPS > 1:
+                with g.block(f"for sj in range(1, {SPS}):"):
+                    for i in range(nq):
+                        g(f"t{i} = t{i} + sg[{slot} + {i}]")
+            with g.block("if rv:"):
+                for i in range(nq):
+                    g(f"st1_f32(wp, {rp.seg_offset} + (kb * {NSEG} + sk) * {nq} + {i}, t{i})")
+
     def chunk_offsets(self, g, c):
         return vector_offsets(g, c, self.red, self.V, ("x", "out", "scale", "stat"))
 
@@ -357,12 +404,19 @@ class _Red(_Emitter):
         else:
             for q in self.Q:
                 g(f"a_{q} = F32(0.0)")
+            seg = mode == "fused" and rp.seg_outputs
+            if seg:
+                self.smem(g, "sg", RPC * (NC // 32) * len(rp.seg_outputs))
             with g.block(f"for c in range(lo + lane, hi, {TPR}):"):
                 o = self.chunk_offsets(g, "c")
                 vals = self.values(g, base_offs(o), varies)
                 self.accumulate(g, vals)
+                if seg:
+                    self.segment_slots(g, vals)
             for i, q in enumerate(self.Q):
                 self.reduce_sum(g, f"a_{q}", f"{i}")
+            if seg:
+                self.store_segments(g)
         if mode == "partial":
             self.store_sums(g, mode, "lane == 0" if S > 1 else "lane == 0 and rv", "kb", "a_")
         elif mode == "direct":
@@ -568,16 +622,27 @@ class _Red(_Emitter):
                 g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, k, u{i})")
         return KernelSource(name, g.text(), -(-P // 32), 256, self.shared, self.ptypes())
 
-    def row_finish(self, outs, row_outputs, ws_offset, name):
+    def row_finish(self, outs, row_outputs, ws_offset, name, segments=0):
         """Adds the per-row sums of the outputs ``outs`` (one parameter layout) that ``row_outputs`` lays out per
         row at ``ws_offset`` (``len(row_outputs)`` floats a row, rows numbered by the statistics' offset), rows
         in the order of the kept axes the parameter is broadcast along: one thread per parameter element, or
         one warp (lanes striding over the rows, then an xor butterfly) when an element has more than
-        ``ROW_FINISH_WARP_ROWS`` rows. Converted once to the parameter's dtype."""
+        ``ROW_FINISH_WARP_ROWS`` rows. Converted once to the parameter's dtype.
+
+        ``segments`` > 0 (the segment route): the sums are per (row, segment), ``row * segments + segment``, a
+        segment being numbered by the row's outer summed axes the parameter varies along, which then take
+        part in the parameter element's index."""
         b = self.bp
         t = _PTENSOR[outs[0]]
-        K = sorted((a for a in self.kep if a.stride(t) != 0), key=lambda a: -a.stride(t))
-        S = [a for a in self.kep if a.stride(t) == 0]
+        m = max(segments, 1)
+        kep = [replace(a, stat=a.stat * m) for a in self.kep]
+        own = [a for a in kep if a.stride(t) != 0]
+        acc = 1
+        for a in reversed([a for a in self.red if a.size > 1 and a.stride(t) != 0] if segments else []):
+            own.append(replace(a, stat=acc))  # the segment's place in the row's segment numbering
+            acc *= a.size
+        K = sorted(own, key=lambda a: -a.stride(t))
+        S = [a for a in kep if a.stride(t) == 0]
         NP = 1
         for a in K:
             NP *= a.size
@@ -625,7 +690,7 @@ class _Red(_Emitter):
             t = _PTENSOR[o]
             for grp in groups:
                 t0 = _PTENSOR[grp[0]]
-                if all(a.stride(t) == a.stride(t0) for a in self.kep):
+                if all(a.stride(t) == a.stride(t0) for a in self.rp.axes):
                     grp.append(o)
                     break
             else:
@@ -648,6 +713,9 @@ class _Red(_Emitter):
                 out.append(gen("finish"))
             for grp in self.row_groups(rp.row_outputs):
                 out.append(self.row_finish(grp, rp.row_outputs, rp.row_ws_offset, "normc_bwd_row_finish"))
+            for grp in self.row_groups(rp.seg_outputs):
+                out.append(self.row_finish(grp, rp.seg_outputs, rp.seg_offset, "normc_bwd_seg_finish",
+                                           segments=rp.segments))
             return out
         if rp.splits == 1:
             return [gen("direct")]
@@ -1031,7 +1099,8 @@ class _Fused(_Red):
         if C > 1:
             g("cluster_arrive()  # no CTA exits while a peer may still read its shared memory")
             g("cluster_wait()")
-        return KernelSource("normc_bwd_fused", g.text(), G, fz.threads, self.shared, self.ptypes(), cluster=C)
+        return KernelSource("normc_bwd_fused", g.text(), G, fz.threads, self.shared, self.ptypes(), cluster=C,
+                            min_ctas=fz.min_ctas)
 
     def _cluster_sums(self, g, sums, C):
         """Add each CTA-uniform name in ``sums`` over the C CTAs of the cluster, in rank order (see the class
@@ -1092,8 +1161,9 @@ def kernel_count(bplan) -> int:
     elif bplan.dx.sums_only:
         n += 1 + 1 + (1 if bplan.cols.groups > 1 else 0)
     else:
+        red = _Red(bplan, bplan.dx)
         n += ((3 if bplan.dx.merged else 2) if bplan.dx.splits > 1 else 1) + len(
-            _Red(bplan, bplan.dx).row_groups(bplan.dx.row_outputs))
+            red.row_groups(bplan.dx.row_outputs)) + len(red.row_groups(bplan.dx.seg_outputs))
     return n
 
 

@@ -70,6 +70,21 @@ FUSED_MAX_VALUES = 16
 # while the parameter partials would exceed 1/FUSED_PARTIAL_FRACTION of the kernel's own traffic.
 FUSED_THREADS_PER_SM = 512
 FUSED_PARTIAL_FRACTION = 16
+# Fused dx kernel with 16-bit x: threads per SM the grid aims for under the launch bound .minnctapersm (3 CTAs
+# of 256: at most 80 registers), for 16-bit x and at most one lane-route output (RMS norm's dscale; none for
+# instance norm), where it mostly fits without spilling. ptxas through nvJitLink (sm_90; registers unbounded
+# -> under the bound): instance norm NCHW float16 (256, 128, 28, 28) 84 -> 80, RMS bfloat16 16384 x 1024
+# 95 -> 80, x 4096 95 -> 80 (tests/test_backward.py checks more shapes). Where ptxas would spill under the
+# bound it drops it, and a grid sized for 3 CTAs per SM would run as 2 per SM plus a partial wave: the
+# runtime then plans again without (make_backward_plan's fused_bound=False), e.g. RMS bfloat16 16384 x 2000
+# (93 registers). Left out: layer norm's two lane-route outputs (bfloat16 16384 x 768 / 1024 / 2048 and
+# (1, 1048576, 128) take 112-124 registers; 16384 x 4096 fits 80) and float32 x ((256, 128, 28, 28): 83).
+# Measured on the H200
+# (tests/gpu_backward_ab.py, 2026-12-03, one run), backward us, 2 per SM / 3 per SM bounded: instance norm
+# float16 (256, 128, 28, 28) 61.1 / 51.3; RMS bfloat16 16384 x 1024 38.0 / 34.4, x 4096 131.8 / 119.8; layer
+# norm bfloat16 16384 x 4096 148.3 / 143.5. Where the bound was dropped: float32 (256, 128, 28, 28) 86.3 /
+# 95.5, layer norm bfloat16 16384 x 1024 42.1 / 53.2, float32 100000 x 1000 308.5 / 341.2.
+FUSED_BOUND_THREADS_PER_SM = 768
 # Fused dx kernel over a thread-block cluster (sm_90+), for rows longer than one CTA holds: each of the C CTAs
 # of a cluster holds a slice of the row (MAX_PERSISTENT_THREADS lanes x up to FUSED_CLUSTER_MAX_VALUES values
 # each), the row sums are added over the cluster through distributed shared memory, and x and dy are still
@@ -139,6 +154,15 @@ COLS_REVERSE = False
 # thread) then fits 64 registers, the bound of 4 CTAs per SM, without spilling (72 registers and 3 per SM
 # before, for a grid sized for 4: a second partial wave).
 FOLD_DX = True
+# Segment route (ReducePlan.seg_outputs): a parameter that varies along the outer summed axes of a row and is
+# constant along the inner ones (group norm's scale g k over rows of k h w: 10 segments of h*w elements) gets
+# its gradient from per-segment sums that the unsplit inner dx kernel takes in pass 1 (each warp adds dy and
+# dy*xhat over its 32 vectors, which lie in one segment, into a shared-memory slot; the slots of a segment are
+# then added in order), instead of a parameter reduction re-reading x and dy. Taken when a warp's 32 vectors
+# never straddle two segments (segment length a multiple of 32 x vec, 32+ lanes per row) and the slots fit
+# SEG_MAX_SHARED bytes per CTA.
+SEGMENTS = True
+SEG_MAX_SHARED = 16384
 # Column pass (ColsPlan): on/off (A/B measurements; off gives the three-pass general path).
 COLS = True
 # Column kernel: threads per CTA, and at most this many elements per thread per row (vectors x vec): its scale
@@ -201,6 +225,12 @@ class ReducePlan:
         min_ctas: the launch bound of the split kernels (CTAs per SM; 0: none).
         fold: dx outer only: pass 2 folds rstd, mean, scale and the row means into per-column factors where they
             are constant along the rows (FOLD_DX).
+        seg_outputs: dx only (inner, not split): the parameter gradients that vary along the outer summed axes
+            of a row and are constant along the inner ones (group norm's ``scale g k``), produced from
+            per-segment sums of ``dy*xhat`` / ``dy`` that pass 1 takes: the row splits into ``reduced //
+            seg_len`` segments of ``seg_len`` elements; one float32 per (row, segment, output) at
+            ``seg_offset``, added per parameter element by ``normc_bwd_seg_finish``.
+        seg_len: elements per segment (0: no segment route).
         reverse: dx split only: the finish kernel takes the work items in reverse order and walks its slice
             backwards (REVERSE_REREAD: its re-read starts where the partial kernel's read ended, in L2).
         merged: dx outer split only: ``normc_bwd_dx_merge`` adds each row's split partials once (to
@@ -236,6 +266,18 @@ class ReducePlan:
     min_ctas: int = 0
     reverse: bool = False
     fold: bool = False
+    seg_outputs: tuple = ()
+    seg_len: int = 0
+
+    @property
+    def segments(self) -> int:
+        """Segments per row of the segment route (0: none)."""
+        return self.reduced // self.seg_len if self.seg_outputs else 0
+
+    @property
+    def seg_offset(self) -> int:
+        """float32 offset of the per-segment sums (``seg_outputs``): after everything else of this reduction."""
+        return self.merge_offset + (self.keys * self.nq if self.merged else 0)
 
     @property
     def merge_offset(self) -> int:
@@ -246,7 +288,7 @@ class ReducePlan:
     @property
     def workspace_floats(self) -> int:
         """float32 elements of partial sums this reduction needs (split partials, per-row sums, merged sums)."""
-        return self.merge_offset - self.ws_offset + (self.keys * self.nq if self.merged else 0)
+        return self.seg_offset - self.ws_offset + self.keys * self.segments * len(self.seg_outputs)
 
     def describe(self) -> str:
         """One line: what this reduction computes (dx or dscale/dshift), its axes (S summed, K kept) and tiling."""
@@ -263,6 +305,9 @@ class ReducePlan:
             til += " (finish re-reads last-first)"
         rows = (f"; {'+'.join(self.row_outputs)} from its per-row sums ({','.join(self.sums)}), added by "
                 f"normc_bwd_row_finish" if self.row_outputs else "")
+        if self.seg_outputs:
+            rows += (f"; {'+'.join(self.seg_outputs)} from per-segment sums ({self.segments} segments of "
+                     f"{self.seg_len}), added by normc_bwd_seg_finish")
         return (f"{what}: {self.strategy}, {self.keys} sums x {self.reduced} elements, axes {ax} "
                 f"(S summed, K kept); {til} splits={self.splits}; {nk} kernel(s), grid={self.grid} "
                 f"block={self.threads}{rows}")
@@ -300,6 +345,7 @@ class FusedPlan:
             ``grid`` counts CTAs (a multiple of C), cluster ``b // C`` loops over the row groups as a CTA does
             above, and its CTA of rank ``r = b % C`` holds the row's vectors ``lane + tpr*(r + C*e)``,
             ``e < per``; the lane-route partials are one set per cluster (each CTA writes its own elements).
+        min_ctas: the launch bound (CTAs of ``threads`` per SM; 0: none).
     """
 
     tpr: int
@@ -319,6 +365,7 @@ class FusedPlan:
     row_nq: int
     keys: int
     cluster: int = 1
+    min_ctas: int = 0
 
     @property
     def partial_sets(self) -> int:
@@ -336,7 +383,8 @@ class FusedPlan:
                  f"{self.rows_per_cta} rows/CTA at a time, {self.groups_per_cta} row groups per CTA, grid={self.grid} "
                  f"block={self.threads}, scale {self.scale_mode}"
                  + (f", cluster of {self.cluster} CTAs per row (row sums added through distributed shared memory)"
-                    if self.cluster > 1 else "")]
+                    if self.cluster > 1 else "")
+                 + (f", launch bound {self.min_ctas} CTAs/SM" if self.min_ctas else "")]
         if self.lane_outputs:
             who = "cluster" if self.cluster > 1 else "CTA"
             parts.append(f"{'+'.join(self.lane_outputs)} from per-{who} partials ({self.partial_sets} x "
@@ -559,6 +607,24 @@ def _route(axes, tensor):
     return None
 
 
+def _segment_len(axes, tensor, dx):
+    """Elements per segment when parameter ``tensor`` can take the segment route of the unsplit inner dx
+    kernel ``dx`` (see SEGMENTS), else 0: it varies along the outer summed axes of a row, is constant along the
+    inner ones (together ``seg_len`` elements, a multiple of a warp's 32 vectors), and its elements form a
+    dense mixed radix over the axes it varies along."""
+    if not SEGMENTS or dx.strategy != "inner" or dx.splits != 1 or dx.tpr < 32 or dx.sums_only:
+        return 0
+    red = [a for a in axes if a.reduced and a.size > 1]
+    kep = [a for a in axes if not a.reduced and a.size > 1]
+    var = [a.stride(tensor) != 0 for a in red]
+    if not any(var) or all(var) or var.index(False) != sum(var):  # varying axes first, then constant ones
+        return 0
+    seg = math.prod(a.size for a, v in zip(red, var) if not v)
+    if seg % (32 * dx.vec) or not _dense_kept(kep + [a for a, v in zip(red, var) if v], tensor):
+        return 0
+    return seg
+
+
 def _sum_name(output):
     """The per-row / per-element sum a parameter gradient is made of: ``dyx`` (dscale) or ``dy`` (dshift)."""
     return "dyx" if output == "dscale" else "dy"
@@ -586,7 +652,8 @@ def _dense_kept(kep, tensor):
     return True
 
 
-def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_cluster=None, force_cluster=False):
+def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_cluster=None, force_cluster=False,
+                bound=True):
     """The :class:`FusedPlan` for dx (inner strategy) when a row fits in the registers of one CTA or of a
     thread-block cluster (up to ``max_cluster`` CTAs; ``force_cluster``: the smallest cluster and lanes that
     hold the row, for tests), else ``None``."""
@@ -633,9 +700,12 @@ def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_clus
     keys = dx.keys
     groups = -(-keys // rpc)
     cps = max(1, FUSED_THREADS_PER_SM // threads)
+    if bound and cluster == 1 and dbytes["x"] == 2 and len(lane) <= 1:
+        cps = max(cps, FUSED_BOUND_THREADS_PER_SM // threads)
     traffic = p.kept * p.reduced * (2 * dbytes["x"] + dbytes["out"])
     while cps > 1 and len(lane) * cps * sms * p.reduced * 4 * FUSED_PARTIAL_FRACTION > traffic:
-        cps //= 2
+        cps -= 1
+    bound = cps if cps * threads > FUSED_THREADS_PER_SM else 0  # more CTAs than fit at 128 registers
     grid = min(groups, max(1, cps * sms // cluster)) * cluster
     gpc = -(-groups // (grid // cluster))
     red = [a for a in p.axes if a.reduced]
@@ -652,11 +722,12 @@ def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_clus
     fz = FusedPlan(tpr=tpr, per=per, vec=V, threads=threads, rows_per_cta=rpc, groups=groups, groups_per_cta=gpc,
                    grid=grid, scale_mode=smode, lane_outputs=lane, row_outputs=row, lane_params=p.reduced,
                    ws_offset=ws_offset, row_ws_offset=ws_offset + nlane, row_nq=len(row), keys=keys,
-                   cluster=cluster)
+                   cluster=cluster, min_ctas=bound)
     where = (f"a cluster of {cluster} CTAs x {tpr} lanes x {per} x {V}, row sums added through distributed "
              f"shared memory" if cluster > 1 else f"{tpr} lanes x {per} x {V}")
     why.append(f"dx fused: row of {p.reduced} held in registers ({where}); x and dy read once, "
                f"{grid} CTAs x {gpc} groups of {rpc} rows"
+               + (f" ({bound} CTAs per SM under the launch bound .minnctapersm {bound})" if bound else "")
                + (f"; {'+'.join(lane)} from per-{'cluster' if cluster > 1 else 'CTA'} partials" if lane else "")
                + (f"; {'+'.join(row)} from per-row sums" if row else ""))
     return fz, rest
@@ -699,7 +770,7 @@ def _cols_plan(p, dx, outputs, dbytes, sms, ws_offset, forced, why):
 
 def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True, need_dshift=True,
                        dshift_dtype=None, arch="sm_90", sms=DEFAULT_SMS, schedule=None,
-                       max_cluster=None) -> BackwardPlan:
+                       max_cluster=None, fused_bound=True) -> BackwardPlan:
     """Plan the gradient kernels of a forward :class:`normc.problem.Problem`.
 
     Args:
@@ -717,6 +788,9 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
         max_cluster: largest thread-block cluster the fused dx kernel may use (default: the largest of
             ``planner.CLUSTER_SIZES``; 1: none); the runtime lowers it when the device cannot co-schedule the
             planned cluster.
+        fused_bound: whether a fused dx kernel with 16-bit x may aim for 3 CTAs per SM under a launch bound
+            (FUSED_BOUND_THREADS_PER_SM); the runtime plans again with False when its kernel would spill under
+            the bound (ptxas drops it then).
 
     Returns:
         :class:`BackwardPlan`.
@@ -741,7 +815,7 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
     empty = p.kept * p.reduced == 0  # nothing to launch (the runtime returns early): the general plan describes it
     if schedule not in ("split", "looped") and not empty:
         fused, want = _fused_plan(p, dx, want, dbytes, sms, 0, why, arch=arch, max_cluster=max_cluster,
-                                  force_cluster=schedule == "cluster")
+                                  force_cluster=schedule == "cluster", bound=fused_bound)
     if fused is None:
         # parameters constant along every row: their gradients from dx's per-row sums (x and dy read twice)
         row = tuple(o for o, t in want if _route(p.axes, t) == "row")
@@ -752,6 +826,17 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
             dx = replace(dx, row_outputs=row, row_ws_offset=dx.workspace_floats)
             dx_why.append(f"{'+'.join(row)}: constant along each row: from dx's per-row sums of "
                           f"{', '.join(sums)}, added per parameter element by normc_bwd_row_finish")
+        # parameters varying along the outer summed axes only: from dx's per-segment sums (x and dy read twice)
+        segs = [(o, _segment_len(p.axes, t, dx)) for o, t in want]
+        segs = [(o, n) for o, n in segs if n and n == next(m for _, m in segs if m)]
+        slots = dx.rows_per_cta * (dx.reduced // (32 * dx.vec)) * len(segs)
+        if segs and 4 * slots <= SEG_MAX_SHARED:
+            seg = tuple(o for o, _ in segs)
+            want = [(o, t) for o, t in want if o not in seg]
+            dx = replace(dx, seg_outputs=seg, seg_len=segs[0][1])
+            dx_why.append(f"{'+'.join(seg)}: constant along the inner {segs[0][1]} elements of each row: from dx's "
+                          f"per-segment sums ({dx.segments} a row, one shared-memory slot per warp and vector), "
+                          f"added per parameter element by normc_bwd_seg_finish")
         lane = [o for o, t in want if _route(p.axes, t) == "lane"]
         if COLS and not row and lane and dx.strategy == "inner" and not empty:
             dx = replace(dx, sums_only=True)
@@ -787,7 +872,7 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
         params.append(rp)
     grids = [r.grid for r in params] + [dx.grid if fused is None else fused.grid]
     check_grid(max(grids + ([cols.grid] if cols is not None else [])), p.kept, p.reduced)
-    produced = {o for r in params for o in r.outputs} | set(dx.row_outputs)
+    produced = {o for r in params for o in r.outputs} | set(dx.row_outputs) | set(dx.seg_outputs)
     if cols is not None:
         produced |= set(cols.outputs)
     if fused is not None:

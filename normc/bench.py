@@ -524,9 +524,10 @@ def grad_errors(got, ref, dtype) -> dict:
 
 def backward_passes(bp) -> int:
     """Times a :class:`normc.backward_plan.BackwardPlan` reads x and dy: 1 for the fused kernel, 2 for the
-    general dx kernel (its parameter gradients, if any, from per-row sums) and for the column pass (row sums,
-    then dx with the parameter gradients), +1 when a parameter reduction re-reads them (parameters that vary
-    along the rows without a column pass: group norm's ``scale g k``; layer norm's ``scale d`` with
+    general dx kernel (its parameter gradients, if any, from per-row or per-segment sums) and for the column
+    pass (row sums, then dx with the parameter gradients), +1 when a parameter reduction re-reads them
+    (parameters that vary along the rows without a column pass or segment sums: NHWC group norm's
+    ``scale g k``; layer norm's ``scale d`` with
     ``normc.backward_plan.COLS`` off)."""
     return (1 if bp.fused is not None else 2) + (1 if bp.params else 0)
 

@@ -169,16 +169,29 @@ def _build(compiled, gi, xi, si, need_dscale, need_dshift):
         cc = arch_cc(compiled.arch)
     gpu.set_device(xi.device)
     sms = gpu.device_sms(xi.device)
+
+    def plan_for(mc, bound=True):
+        plan = make_backward_plan(prob, dy_dtype=gi.dtype, dy_align=dy_align, need_dscale=need_dscale,
+                                  need_dshift=need_dshift, arch=f"sm_{cc[0]}{cc[1]}", sms=sms,
+                                  schedule=compiled.schedule, max_cluster=mc, fused_bound=bound)
+        if bound and plan.fused is not None and plan.fused.min_ctas and not bound_kept(plan, cc):
+            return plan_for(mc, bound=False)  # ptxas dropped the bound: a grid for fewer CTAs per SM
+        return plan
+
     plan, kernels = gpu.load_fitting_clusters(
-        lambda mc: make_backward_plan(prob, dy_dtype=gi.dtype, dy_align=dy_align, need_dscale=need_dscale,
-                                      need_dshift=need_dshift, arch=f"sm_{cc[0]}{cc[1]}", sms=sms,
-                                      schedule=compiled.schedule, max_cluster=mc),
+        plan_for,
         lambda plan: compiled_backward_kernels(plan, cc),
         lambda plan: plan.fused.cluster if plan.fused is not None else 1)
     return _BEntry(plan, kernels, dx_strides, dscale_shape, dshift_shape, False)
 
 
 _memo = {}
+
+
+def bound_kept(plan, cc) -> bool:
+    """Whether the fused dx kernel of ``plan`` (planned under the launch bound ``plan.fused.min_ctas``) keeps
+    that bound once compiled for ``cc`` (ptxas would spill under it: normc.lowering drops it)."""
+    return ".minnctapersm" in compiled_backward_kernels(plan, cc)[0]["ptx"]
 
 
 def compiled_backward_kernels(plan, cc) -> list:

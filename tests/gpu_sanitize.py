@@ -69,6 +69,15 @@ CASES = [
     # parameter sums; the forward is its default for the shape
     ("fused-bwdcluster-instance", "n c d h w : norm over d h w ; scale c ; shift c", {}, (2, 4, 32, 32, 33), None,
      "float32", None),
+    # group norm NCHW: parameter gradients from per-segment sums (shared-memory slots per warp), one row and
+    # four rows (ragged) per CTA
+    ("inner-segments", "n (g k) h w : norm over k h w ; scale g k ; shift g k", {"g": 2}, (2, 8, 16, 32), None,
+     "float16", "looped"),
+    ("inner-segments-rows", "n (g k) h w : norm over k h w ; scale g k ; shift g k", {"g": 2}, (3, 4, 2, 64),
+     None, "float32", "looped"),
+    # fused backward with 16-bit x under the launch bound of 3 CTAs per SM
+    ("fused-bound-instance-f16", "n c h w : norm over h w ; scale c ; shift c", {}, (64, 32, 28, 28), None,
+     "float16", None),
 ]
 TOL = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
 

@@ -323,6 +323,32 @@ def test_fused_paths(spec, shape, dtype, check):
     assert check(fz), fz
 
 
+# the segment route: parameters varying along the outer summed axes of a row (group norm's k, layer norm over
+# c h w with a per-channel scale) come from per-segment sums of the general dx kernel (no parameter reduction):
+# several segments per warp span or several warp spans per segment, several rows per CTA (ragged), 16-bit
+# vectors of 8, a shift only, and the split schedule (which keeps the parameter reduction)
+@pytest.mark.parametrize("spec,shape,dtype,schedule,segs,outs", [
+    (_spec(GN, g=2), (2, 8, 8, 16), "float32", "looped", 4, ("dscale", "dshift")),
+    (_spec(GN, g=2), (3, 4, 4, 32), "float32", "looped", 2, ("dscale", "dshift")),
+    (_spec(GN, g=2), (2, 4, 16, 16), "float16", "looped", 2, ("dscale", "dshift")),
+    (_spec(GN, g=2), (2, 8, 16, 16), "bfloat16", "looped", 4, ("dscale", "dshift")),
+    ("n c h w : norm over c h w ; scale c", (3, 3, 8, 16), "float32", "looped", 3, ("dscale",)),
+    (_spec("n (g k) h w : norm over k h w ; shift g k", g=2), (2, 4, 8, 16), "float32", "looped", 2, ("dshift",)),
+    (_spec(GN, g=2), (2, 8, 8, 16), "float32", "split", 0, ()),
+], ids=["gn-f32", "gn-f32-ragged", "gn-f16", "gn-bf16", "ln-chw-scale-c", "gn-shift-only", "split"])
+def test_segment_route(spec, shape, dtype, schedule, segs, outs):
+    _, plan = run_bwd(spec, make_x(shape, dtype), schedule=schedule)
+    assert plan.fused is None and plan.dx.segments == segs and plan.dx.seg_outputs == outs
+    # split dx: the parameter reduction re-reads x and dy; else none
+    assert bool(plan.params) == (not segs)
+
+
+def test_segment_route_rows_per_cta():
+    # rows of 256 float32 (64 lanes): 4 rows per CTA, 6 rows (ragged), 2 segments of 128 per row
+    _, plan = run_bwd(_spec(GN, g=2), make_x((3, 4, 2, 64), "float32"), schedule="looped")
+    assert plan.dx.rows_per_cta == 4 and plan.dx.segments == 2 and plan.params == ()
+
+
 def test_fused_row_route_and_mixed_scale():
     # NCHW instance norm: scale constant along each row -> per-row sums, then a row-finish kernel
     _, plan = run_bwd(IN2, make_x((3, 4, 5, 6), "bfloat16"))
@@ -553,7 +579,8 @@ def _anchor_backward_plans(rows=None):
 def test_anchor_rows_read_x_and_dy_twice():
     # every anchor row whose parameters are constant along the rows (instance norm in any layout, batch norm)
     # and that is not fused now reads x and dy twice (dx's two passes); so does layer norm too long for
-    # registers (the column pass); group norm keeps the parameter reduction (three reads)
+    # registers (the column pass); so does NCHW group norm (per-segment sums); NHWC group norm keeps the parameter
+    # reduction (three reads)
     from normc.bench import backward_passes
 
     for i, row, bp in _anchor_backward_plans():
@@ -565,6 +592,8 @@ def test_anchor_rows_read_x_and_dy_twice():
             assert backward_passes(bp) == 2, i
         elif fam in ("layer", "rms"):
             assert bp.params == () and bp.cols is not None and backward_passes(bp) == 2, i
+        elif row["memory_order"] == "n (g k) h w":
+            assert fam == "group" and bp.params == () and bp.dx.segments and backward_passes(bp) == 2, i
         else:
             assert fam == "group" and bp.params and backward_passes(bp) == 3, i
 
@@ -588,6 +617,49 @@ def test_anchor_row_sum_kernels_assemble_without_spills(row):
         _, use = assemble(k.ptx, "sm_90")
         assert use.spill_stores == 0 and use.spill_loads == 0 and use.stack == 0, (k.entry, use.log)
         assert 0 < use.registers <= 65536 // k.block
+
+
+# fused dx with 16-bit x: the planner sizes the grid for 3 CTAs of 256 threads per SM only where the kernel then
+# fits 80 registers (the bound kept); two lane-route outputs (layer norm) or float32 x keep 2 per SM (those spill
+# at 80); one CTA per SM where the parameter partials would be too many. Where the planned bound spills
+# (RMS 16384 x 2000: a masked tail) ptxas drops it and the runtime plans again without it
+_RMS3 = "b t d : rms over d ; scale d"
+_LN3 = "b t d : norm over d ; scale d ; shift d"
+
+
+@pytest.mark.parametrize("spec,shape,dtype,bound", [
+    (IN2, (256, 128, 28, 28), "float16", 3),
+    (IN2, (32, 128, 64, 64), "float16", 3),
+    (IN2, (16, 64, 45, 45), "float16", 3),
+    (IN1, (64, 128, 4096), "bfloat16", 3),
+    (IN3, (4, 32, 8, 8, 8), "bfloat16", 3),
+    (RMS_TEXT, (16384, 1024), "bfloat16", 3),
+    (RMS_TEXT, (16384, 64), "float16", 3),
+    (_RMS3, (1, 1048576, 128), "bfloat16", 3),
+    ("t d : norm over d", (16384, 1024), "bfloat16", 3),
+    (RMS_TEXT, (16384, 2000), "bfloat16", -3),
+    (RMS_TEXT, (16384, 8192), "bfloat16", 0),
+    (LN, (16384, 1024), "bfloat16", 0),
+    (_LN3, (1, 1048576, 128), "bfloat16", 0),
+    (IN2, (256, 128, 28, 28), "float32", 0),
+], ids=["in-f16", "in-f16-64", "in-f16-masked", "in1-bf16", "in3-bf16", "rms-bf16-1024", "rms-f16-64",
+        "rms-tall-bf16", "ln-noaffine-bf16", "rms-bf16-masked-dropped", "rms-bf16-8192", "ln-bf16-1024", "ln-tall-bf16",
+        "in-f32"])
+def test_fused_launch_bound_holds(spec, shape, dtype, bound):
+    from normc.lowering import assemble, lower_backward
+
+    from normc.runtime.backward import bound_kept
+
+    plan = plan_backward(spec, shape, dtype)
+    fz = plan.fused
+    assert fz.min_ctas == abs(bound) and fz.grid <= min(fz.groups, (abs(bound) or 2) * plan.sms)
+    k = lower_backward(plan)[0]
+    _, use = assemble(k.ptx, "sm_90")
+    assert use.spill_stores == use.spill_loads == use.stack == 0, (k.entry, use.log)
+    assert (f".minnctapersm {bound}" in k.ptx) == (bound > 0)
+    assert use.registers <= 65536 // (max(bound, 1) * k.block)
+    if bound:  # what the runtime checks before it keeps a bounded plan
+        assert bound_kept(plan, (9, 0)) == (bound > 0)
 
 
 # the column kernels of layer/RMS anchor rows too long for the fused kernel: no spills, and the launch bound
@@ -659,7 +731,7 @@ def test_tall_layer_norm_spreads_param_partials():
     fz = plan.fused
     assert plan.params == () and fz.lane_outputs == ("dscale", "dshift")
     assert fz.vec == 8 and fz.tpr * fz.per * fz.vec >= 128
-    assert fz.grid >= 132 and fz.groups_per_cta > 100  # >= 1 CTA per SM, each looping over many rows
+    assert fz.grid >= 132 and fz.groups_per_cta > 50  # >= 1 CTA per SM, each looping over many rows
     assert plan.workspace_floats == 2 * fz.grid * 128 <= 2 * 4 * 132 * 128  # small partial workspace
     assert "per-CTA partials" in plan.describe()
     # the general path (schedule="looped"): the column kernel spreads its row groups over >= 132 CTAs
@@ -751,16 +823,37 @@ def test_backward_ptx(spec, shape, dtype, layout, schedule):
 # argument errors
 
 
-@pytest.mark.parametrize("row,fits,want", [(61, 2, None), (61, 8, 8), (63, 1, None), (63, 2, 2)])
-def test_runtime_plans_smaller_clusters_when_they_do_not_fit(row, fits, want, monkeypatch):
-    """A device that cannot co-schedule the planned cluster (clusters_fit() False: e.g. a partitioned GPU) gets
-    a plan with smaller clusters, down to the general path (no GPU: the launcher is faked)."""
+def _build_anchor_on_fake_gpu(row, monkeypatch, loaded, kernels):
+    """The runtime's backward entry of anchor ``row`` on a faked sm_90 device of 132 SMs (no GPU): ``loaded``
+    stands for :class:`normc.runtime.gpu.Loaded`, ``kernels(plan, cc)`` for ``compiled_backward_kernels``."""
     from normc import bench, runtime
     from normc.api import layout_strides
     from normc.canonical import dense_like
     from normc.runtime import backward as rb
     from normc.runtime import gpu
     from normc.runtime.arrays import ArrayInfo
+
+    monkeypatch.setattr(runtime, "gpu_available", lambda: True)
+    monkeypatch.setattr(gpu, "device_cc", lambda d: (9, 0))
+    monkeypatch.setattr(gpu, "device_sms", lambda d: 132)
+    monkeypatch.setattr(gpu, "set_device", lambda d: None)
+    monkeypatch.setattr(gpu, "Loaded", loaded)
+    monkeypatch.setattr(rb, "compiled_backward_kernels", kernels)
+    r = bench.load_table()[row]
+    spec = bench.row_spec(r)
+    shape = tuple(r["shape"])
+    strides = layout_strides(spec, shape, r["memory_perm"])
+    xi = ArrayInfo(None, "torch", 1 << 20, shape, strides, r["dtype"], 0)
+    gi = ArrayInfo(None, "torch", 1 << 28, shape, dense_like(shape, strides), r["dtype"], 0)
+    si = ArrayInfo(None, "torch", 1 << 24, (shape[1],), (1,), r["dtype"], 0)
+    return rb._build(normc.compile(spec), gi, xi, si, True, True)
+
+
+@pytest.mark.parametrize("row,fits,want", [(61, 2, None), (61, 8, 8), (63, 1, None), (63, 2, 2)])
+def test_runtime_plans_smaller_clusters_when_they_do_not_fit(row, fits, want, monkeypatch):
+    """A device that cannot co-schedule the planned cluster (clusters_fit() False: e.g. a partitioned GPU) gets
+    a plan with smaller clusters, down to the general path (no GPU: the launcher is faked)."""
+    from normc import bench
 
     class Loaded:
         def __init__(self, ptx, cubin, entry, grid, block, cluster=1, *a):
@@ -775,23 +868,37 @@ def test_runtime_plans_smaller_clusters_when_they_do_not_fit(row, fits, want, mo
         tried.append(plan.fused.cluster if plan.fused is not None else 1)
         return [{"ptx": "", "cubin": None, "entry": "e", "grid": 1, "block": 32, "cluster": tried[-1]}]
 
-    monkeypatch.setattr(runtime, "gpu_available", lambda: True)
-    monkeypatch.setattr(gpu, "device_cc", lambda d: (9, 0))
-    monkeypatch.setattr(gpu, "device_sms", lambda d: 132)
-    monkeypatch.setattr(gpu, "set_device", lambda d: None)
-    monkeypatch.setattr(gpu, "Loaded", Loaded)
-    monkeypatch.setattr(rb, "compiled_backward_kernels", kernels)
-    r = bench.load_table()[row]
-    spec = bench.row_spec(r)
-    shape = tuple(r["shape"])
-    strides = layout_strides(spec, shape, r["memory_perm"])
-    xi = ArrayInfo(None, "torch", 1 << 20, shape, strides, r["dtype"], 0)
-    gi = ArrayInfo(None, "torch", 1 << 28, shape, dense_like(shape, strides), r["dtype"], 0)
-    si = ArrayInfo(None, "torch", 1 << 24, (shape[1],), (1,), r["dtype"], 0)
-    entry = rb._build(normc.compile(spec), gi, xi, si, True, True)
+    entry = _build_anchor_on_fake_gpu(row, monkeypatch, Loaded, kernels)
     got = entry.plan.fused.cluster if entry.plan.fused is not None else None
+    r = bench.load_table()[row]
     assert got == want and tried[0] == bench.precompile_plans(r, "backward")[1].fused.cluster
     assert tried == sorted(tried, reverse=True) and (want is not None or tried[-1] == 1)
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["bound-kept", "bound-dropped"])
+def test_runtime_replans_fused_grid_when_the_bound_is_dropped(kept, monkeypatch):
+    """Anchor row 2 (instance norm float16, fused) is planned for 3 CTAs per SM under a launch bound; when the
+    compiled kernel lacks the bound (ptxas would spill: faked here, no GPU), the runtime plans it again for 2."""
+
+    class Loaded:
+        def __init__(self, *a):
+            pass
+
+        def clusters_fit(self):
+            return True
+
+    tried = []
+
+    def kernels(plan, cc):
+        tried.append(plan.fused.min_ctas)
+        ptx = ".minnctapersm 3" if kept and plan.fused.min_ctas else ""
+        return [{"ptx": ptx, "cubin": None, "entry": "e", "grid": 1, "block": 32}]
+
+    fz = _build_anchor_on_fake_gpu(2, monkeypatch, Loaded, kernels).plan.fused
+    if kept:
+        assert (fz.min_ctas, fz.grid) == (3, 3 * 132) and tried == [3, 3]
+    else:
+        assert (fz.min_ctas, fz.grid) == (0, 2 * 132) and tried == [3, 0]
 
 
 def test_load_fitting_clusters_halves_until_they_fit(monkeypatch):
