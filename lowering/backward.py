@@ -1100,7 +1100,7 @@ class _Fused(_Red):
             g("cluster_arrive()  # no CTA exits while a peer may still read its shared memory")
             g("cluster_wait()")
         return KernelSource("normc_bwd_fused", g.text(), G, fz.threads, self.shared, self.ptypes(), cluster=C,
-                            min_ctas=fz.min_ctas)
+                            min_ctas=fz.min_ctas, max_spill=fz.max_spill)
 
     def _cluster_sums(self, g, sums, C):
         """Add each CTA-uniform name in ``sums`` over the C CTAs of the cluster, in rank order (see the class

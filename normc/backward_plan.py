@@ -85,6 +85,12 @@ FUSED_PARTIAL_FRACTION = 16
 # norm bfloat16 16384 x 4096 148.3 / 143.5. Where the bound was dropped: float32 (256, 128, 28, 28) 86.3 /
 # 95.5, layer norm bfloat16 16384 x 1024 42.1 / 53.2, float32 100000 x 1000 308.5 / 341.2.
 FUSED_BOUND_THREADS_PER_SM = 768
+# ... for x of at most this many bytes per element; the bound is kept when ptxas spills at most
+# FUSED_BOUND_MAX_SPILL bytes under it (normc.lowering's _bound_occupancy). float32 instance norm (256, 128, 28,
+# 28) fits 80 registers with 4 bytes spilled: on the H200 (tests/gpu_backward_ab.py --kernels, 2026-12-03, one
+# run) 85.2 against 86.3 us (fused kernel 79.5 / 81.2), within run-to-run spread, so float32 stays at 2 per SM.
+FUSED_BOUND_ITEMSIZE = 2
+FUSED_BOUND_MAX_SPILL = 0
 # Fused dx kernel over a thread-block cluster (sm_90+), for rows longer than one CTA holds: each of the C CTAs
 # of a cluster holds a slice of the row (MAX_PERSISTENT_THREADS lanes x up to FUSED_CLUSTER_MAX_VALUES values
 # each), the row sums are added over the cluster through distributed shared memory, and x and dy are still
@@ -345,7 +351,8 @@ class FusedPlan:
             ``grid`` counts CTAs (a multiple of C), cluster ``b // C`` loops over the row groups as a CTA does
             above, and its CTA of rank ``r = b % C`` holds the row's vectors ``lane + tpr*(r + C*e)``,
             ``e < per``; the lane-route partials are one set per cluster (each CTA writes its own elements).
-        min_ctas: the launch bound (CTAs of ``threads`` per SM; 0: none).
+        min_ctas: the launch bound (CTAs of ``threads`` per SM; 0: none); max_spill: bytes ptxas may spill under
+            it before the bound is dropped.
     """
 
     tpr: int
@@ -366,6 +373,7 @@ class FusedPlan:
     keys: int
     cluster: int = 1
     min_ctas: int = 0
+    max_spill: int = 0
 
     @property
     def partial_sets(self) -> int:
@@ -700,7 +708,7 @@ def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_clus
     keys = dx.keys
     groups = -(-keys // rpc)
     cps = max(1, FUSED_THREADS_PER_SM // threads)
-    if bound and cluster == 1 and dbytes["x"] == 2 and len(lane) <= 1:
+    if bound and cluster == 1 and dbytes["x"] <= FUSED_BOUND_ITEMSIZE and len(lane) <= 1:
         cps = max(cps, FUSED_BOUND_THREADS_PER_SM // threads)
     traffic = p.kept * p.reduced * (2 * dbytes["x"] + dbytes["out"])
     while cps > 1 and len(lane) * cps * sms * p.reduced * 4 * FUSED_PARTIAL_FRACTION > traffic:
@@ -722,7 +730,8 @@ def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_clus
     fz = FusedPlan(tpr=tpr, per=per, vec=V, threads=threads, rows_per_cta=rpc, groups=groups, groups_per_cta=gpc,
                    grid=grid, scale_mode=smode, lane_outputs=lane, row_outputs=row, lane_params=p.reduced,
                    ws_offset=ws_offset, row_ws_offset=ws_offset + nlane, row_nq=len(row), keys=keys,
-                   cluster=cluster, min_ctas=bound)
+                   cluster=cluster, min_ctas=bound,
+                   max_spill=FUSED_BOUND_MAX_SPILL if bound else 0)
     where = (f"a cluster of {cluster} CTAs x {tpr} lanes x {per} x {V}, row sums added through distributed "
              f"shared memory" if cluster > 1 else f"{tpr} lanes x {per} x {V}")
     why.append(f"dx fused: row of {p.reduced} held in registers ({where}); x and dy read once, "
@@ -826,8 +835,12 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
             dx = replace(dx, row_outputs=row, row_ws_offset=dx.workspace_floats)
             dx_why.append(f"{'+'.join(row)}: constant along each row: from dx's per-row sums of "
                           f"{', '.join(sums)}, added per parameter element by normc_bwd_row_finish")
-        # parameters varying along the outer summed axes only: from dx's per-segment sums (x and dy read twice)
-        segs = [(o, _segment_len(p.axes, t, dx)) for o, t in want]
+        lane = [o for o, t in want if _route(p.axes, t) == "lane"]
+        use_cols = COLS and not row and lane and dx.strategy == "inner" and not empty
+        # parameters varying along the outer summed axes only: from dx's per-segment sums (x and dy read twice);
+        # not with the column pass, whose dx kernel only takes the row sums (the other parameter then keeps
+        # its own reduction)
+        segs = [(o, _segment_len(p.axes, t, dx)) for o, t in want] if not use_cols else []
         segs = [(o, n) for o, n in segs if n and n == next(m for _, m in segs if m)]
         slots = dx.rows_per_cta * (dx.reduced // (32 * dx.vec)) * len(segs)
         if segs and 4 * slots <= SEG_MAX_SHARED:
@@ -837,8 +850,7 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
             dx_why.append(f"{'+'.join(seg)}: constant along the inner {segs[0][1]} elements of each row: from dx's "
                           f"per-segment sums ({dx.segments} a row, one shared-memory slot per warp and vector), "
                           f"added per parameter element by normc_bwd_seg_finish")
-        lane = [o for o, t in want if _route(p.axes, t) == "lane"]
-        if COLS and not row and lane and dx.strategy == "inner" and not empty:
+        if use_cols:
             dx = replace(dx, sums_only=True)
             want = [(o, t) for o, t in want if o not in lane]
             cols = _cols_plan(p, dx, lane, dbytes, sms, dx.workspace_floats, forced, dx_why)

@@ -343,6 +343,15 @@ def test_segment_route(spec, shape, dtype, schedule, segs, outs):
     assert bool(plan.params) == (not segs)
 
 
+@pytest.mark.parametrize("spec", ["n c h w : norm over c h w ; scale c h w ; shift c",
+                                  "n c h w : norm over c h w ; scale c ; shift c h w"], ids=["shift-c", "scale-c"])
+def test_segment_route_not_with_the_column_pass(spec):
+    # one parameter takes the column pass (varies along the whole row), whose dx kernel takes only the row sums:
+    # the other keeps its own reduction (it came back as zeros when planned for the segment route: a break test)
+    _, plan = run_bwd(spec, make_x((3, 2, 2, 128), "float32"), schedule="looped")
+    assert plan.cols is not None and plan.dx.segments == 0 and len(plan.params) == 1
+
+
 def test_segment_route_rows_per_cta():
     # rows of 256 float32 (64 lanes): 4 rows per CTA, 6 rows (ragged), 2 segments of 128 per row
     _, plan = run_bwd(_spec(GN, g=2), make_x((3, 4, 2, 64), "float32"), schedule="looped")
