@@ -335,14 +335,14 @@ class _Red(_Emitter):
         NSL, nq, NSEG = rp.reduced // self.V // 32, len(rp.seg_outputs), rp.segments
         SPS = NSL // NSEG
         g("cuda.syncthreads()")
+        first = f"rloc * {NSL} + sk * {SPS}"  # the segment's first slot; it has SPS in a row
         with g.block(f"for sk in range(lane, {NSEG}, {rp.tpr}):"):
-            slot = f"(rloc * {NSL} + sk * {SPS} + sj) * {nq}"
             for i in range(nq):
-                g(f"t{i} = sg[(rloc * {NSL} + sk * {SPS}) * {nq} + {i}]")
+                g(f"t{i} = sg[({first}) * {nq} + {i}]")
             if SPS > 1:
                 with g.block(f"for sj in range(1, {SPS}):"):
                     for i in range(nq):
-                        g(f"t{i} = t{i} + sg[{slot} + {i}]")
+                        g(f"t{i} = t{i} + sg[({first} + sj) * {nq} + {i}]")
             with g.block("if rv:"):
                 for i in range(nq):
                     g(f"st1_f32(wp, {rp.seg_offset} + (kb * {NSEG} + sk) * {nq} + {i}, t{i})")

@@ -66,24 +66,24 @@ FORCED_SPLITS = 2
 # 128 registers a 512-thread CTA allows).
 FUSED_MAX_VALUES = 16
 # Fused dx kernel: threads per SM the grid aims for (CTAs per SM = this / threads: 2 x 256 or 1 x 512, what
-# fits at up to 128 registers per thread), each CTA looping over many rows; halved (down to 1 CTA per SM)
-# while the parameter partials would exceed 1/FUSED_PARTIAL_FRACTION of the kernel's own traffic.
+# fits at up to 128 registers per thread), each CTA looping over many rows; lowered one CTA per SM at a time
+# (down to 1) while the parameter partials would exceed 1/FUSED_PARTIAL_FRACTION of the kernel's own traffic.
 FUSED_THREADS_PER_SM = 512
 FUSED_PARTIAL_FRACTION = 16
-# Fused dx kernel with 16-bit x: threads per SM the grid aims for under the launch bound .minnctapersm (3 CTAs
-# of 256: at most 80 registers), for 16-bit x and at most one lane-route output (RMS norm's dscale; none for
-# instance norm), where it mostly fits without spilling. ptxas through nvJitLink (sm_90; registers unbounded
+# Fused dx kernel: threads per SM the grid aims for under the launch bound .minnctapersm (3 CTAs of 256: at
+# most 80 registers), for 16-bit x and at most one lane-route output (RMS norm's dscale; none for instance
+# norm), where the kernel mostly fits that without spilling. ptxas through nvJitLink (sm_90; registers unbounded
 # -> under the bound): instance norm NCHW float16 (256, 128, 28, 28) 84 -> 80, RMS bfloat16 16384 x 1024
 # 95 -> 80, x 4096 95 -> 80 (tests/test_backward.py checks more shapes). Where ptxas would spill under the
 # bound it drops it, and a grid sized for 3 CTAs per SM would run as 2 per SM plus a partial wave: the
 # runtime then plans again without (make_backward_plan's fused_bound=False), e.g. RMS bfloat16 16384 x 2000
 # (93 registers). Left out: layer norm's two lane-route outputs (bfloat16 16384 x 768 / 1024 / 2048 and
 # (1, 1048576, 128) take 112-124 registers; 16384 x 4096 fits 80) and float32 x ((256, 128, 28, 28): 83).
-# Measured on the H200
-# (tests/gpu_backward_ab.py, 2026-12-03, one run), backward us, 2 per SM / 3 per SM bounded: instance norm
-# float16 (256, 128, 28, 28) 61.1 / 51.3; RMS bfloat16 16384 x 1024 38.0 / 34.4, x 4096 131.8 / 119.8; layer
-# norm bfloat16 16384 x 4096 148.3 / 143.5. Where the bound was dropped: float32 (256, 128, 28, 28) 86.3 /
-# 95.5, layer norm bfloat16 16384 x 1024 42.1 / 53.2, float32 100000 x 1000 308.5 / 341.2.
+# Measured on the H200 (tests/gpu_backward_ab.py, 2026-12-03, one run), backward us, 2 per SM / 3 per SM
+# bounded: instance norm float16 (256, 128, 28, 28) 61.1 / 51.3; RMS bfloat16 16384 x 1024 38.0 / 34.4,
+# x 4096 131.8 / 119.8; layer norm bfloat16 16384 x 4096 148.3 / 143.5. Where the bound was dropped: float32
+# (256, 128, 28, 28) 86.3 / 95.5, layer norm bfloat16 16384 x 1024 42.1 / 53.2, float32 100000 x 1000 308.5 /
+# 341.2.
 FUSED_BOUND_THREADS_PER_SM = 768
 # ... for x of at most this many bytes per element; the bound is kept when ptxas spills at most
 # FUSED_BOUND_MAX_SPILL bytes under it (normc.lowering's _bound_occupancy). float32 instance norm (256, 128, 28,
@@ -293,7 +293,8 @@ class ReducePlan:
 
     @property
     def workspace_floats(self) -> int:
-        """float32 elements of partial sums this reduction needs (split partials, per-row sums, merged sums)."""
+        """float32 elements of partial sums this reduction needs (split partials, per-row sums, merged sums,
+        per-segment sums)."""
         return self.seg_offset - self.ws_offset + self.keys * self.segments * len(self.seg_outputs)
 
     def describe(self) -> str:
@@ -841,7 +842,8 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
         # not with the column pass, whose dx kernel only takes the row sums (the other parameter then keeps
         # its own reduction)
         segs = [(o, _segment_len(p.axes, t, dx)) for o, t in want] if not use_cols else []
-        segs = [(o, n) for o, n in segs if n and n == next(m for _, m in segs if m)]
+        first = next((n for _, n in segs if n), 0)  # one segment length per kernel: the first output's
+        segs = [(o, n) for o, n in segs if n and n == first]
         slots = dx.rows_per_cta * (dx.reduced // (32 * dx.vec)) * len(segs)
         if segs and 4 * slots <= SEG_MAX_SHARED:
             seg = tuple(o for o, _ in segs)

@@ -190,7 +190,8 @@ _memo = {}
 
 def bound_kept(plan, cc) -> bool:
     """Whether the fused dx kernel of ``plan`` (planned under the launch bound ``plan.fused.min_ctas``) keeps
-    that bound once compiled for ``cc`` (ptxas would spill under it: normc.lowering drops it)."""
+    that bound once compiled for ``cc``: normc.lowering drops it where ptxas would spill under it. Compiles the
+    plan's kernels (or loads them from the cache), as the launch would."""
     return ".minnctapersm" in compiled_backward_kernels(plan, cc)[0]["ptx"]
 
 
