@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..errors import CompileError
 from .codegen import TAG, KernelSource, _coords, _Emitter, _offset, _ptr_type, _Src, stream_loop, vector_offsets
 
 BPARAMS = "gp, xp, sp, mp, rp, dp, wp, dsp, dhp"
@@ -310,7 +311,7 @@ class _Red(_Emitter):
         32 vectors (all in one segment) by an xor butterfly, and its lane 0 stores them to the vector's slot
         ``c // 32`` of this row in shared memory ``sg``."""
         rp, V = self.rp, self.V
-        NSL, nq = rp.reduced // V // 32, len(rp.seg_outputs)
+        NSL, nq = rp.seg_slots, len(rp.seg_outputs)
         ws = []
         for o in rp.seg_outputs:
             w = g.new("w")
@@ -332,7 +333,7 @@ class _Red(_Emitter):
         """Segment route, after pass 1: the row's lanes add the slots of each segment in slot order and store the
         segment sums to the workspace, one float32 per (row, segment, output)."""
         rp = self.rp
-        NSL, nq, NSEG = rp.reduced // self.V // 32, len(rp.seg_outputs), rp.segments
+        NSL, nq, NSEG = rp.seg_slots, len(rp.seg_outputs), rp.segments
         SPS = NSL // NSEG
         g("cuda.syncthreads()")
         first = f"rloc * {NSL} + sk * {SPS}"  # the segment's first slot; it has SPS in a row
@@ -406,7 +407,7 @@ class _Red(_Emitter):
                 g(f"a_{q} = F32(0.0)")
             seg = mode == "fused" and rp.seg_outputs
             if seg:
-                self.smem(g, "sg", RPC * (NC // 32) * len(rp.seg_outputs))
+                self.smem(g, "sg", RPC * rp.seg_slots * len(rp.seg_outputs))
             with g.block(f"for c in range(lo + lane, hi, {TPR}):"):
                 o = self.chunk_offsets(g, "c")
                 vals = self.values(g, base_offs(o), varies)
@@ -701,7 +702,10 @@ class _Red(_Emitter):
         rp = self.rp
         gen = self.inner_kernel if rp.strategy == "inner" else self.outer_kernel
         if rp.role == "dx":
-            if rp.sums_only:
+            if rp.sums_only:  # only the row sums: per-row / per-segment gradients need the full dx kernel
+                if rp.row_outputs or rp.seg_outputs:
+                    raise CompileError(f"a row-sums-only dx kernel cannot produce "
+                                       f"{'+'.join(rp.row_outputs + rp.seg_outputs)} (a planner bug)")
                 return [gen("partial")]
             if rp.splits == 1:
                 out = [gen("fused")]

@@ -281,6 +281,11 @@ class ReducePlan:
         return self.reduced // self.seg_len if self.seg_outputs else 0
 
     @property
+    def seg_slots(self) -> int:
+        """Shared-memory slots per row and segment-route output: one per warp-wide span of 32 vectors."""
+        return self.reduced // (32 * self.vec)
+
+    @property
     def seg_offset(self) -> int:
         """float32 offset of the per-segment sums (``seg_outputs``): after everything else of this reduction."""
         return self.merge_offset + (self.keys * self.nq if self.merged else 0)
@@ -621,7 +626,7 @@ def _segment_len(axes, tensor, dx):
     kernel ``dx`` (see SEGMENTS), else 0: it varies along the outer summed axes of a row, is constant along the
     inner ones (together ``seg_len`` elements, a multiple of a warp's 32 vectors), and its elements form a
     dense mixed radix over the axes it varies along."""
-    if not SEGMENTS or dx.strategy != "inner" or dx.splits != 1 or dx.tpr < 32 or dx.sums_only:
+    if not SEGMENTS or dx.strategy != "inner" or dx.splits != 1 or dx.tpr < 32:
         return 0
     red = [a for a in axes if a.reduced and a.size > 1]
     kep = [a for a in axes if not a.reduced and a.size > 1]
@@ -844,7 +849,7 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
         segs = [(o, _segment_len(p.axes, t, dx)) for o, t in want] if not use_cols else []
         first = next((n for _, n in segs if n), 0)  # one segment length per kernel: the first output's
         segs = [(o, n) for o, n in segs if n and n == first]
-        slots = dx.rows_per_cta * (dx.reduced // (32 * dx.vec)) * len(segs)
+        slots = dx.rows_per_cta * dx.seg_slots * len(segs)
         if segs and 4 * slots <= SEG_MAX_SHARED:
             seg = tuple(o for o, _ in segs)
             want = [(o, t) for o, t in want if o not in seg]

@@ -60,8 +60,9 @@ def _user_stacklevel() -> int:
 
 
 def _stream_handle(stream, kind, device=None):
-    """Raw handle of the stream to launch on: ``stream`` if given, else the current stream of x's library
-    (``kind``: torch on ``device``, CuPy), else 0 (the legacy default stream)."""
+    """Raw handle of the stream to launch on: ``stream`` if given (already accepted by :func:`check_stream`, as
+    :class:`_LaunchStream` does on creation), else the current stream of x's library (``kind``: torch on
+    ``device``, CuPy), else 0 (the legacy default stream)."""
     if stream is None:
         if kind == "torch":
             if device is None:  # a host tensor: nothing is launched for it
@@ -77,7 +78,6 @@ def _stream_handle(stream, kind, device=None):
 
             return cupy.cuda.get_current_stream().ptr
         return 0
-    check_stream(stream)
     if isinstance(stream, int):
         return stream
     for attr in ("cuda_stream", "ptr"):

@@ -352,6 +352,19 @@ def test_segment_route_not_with_the_column_pass(spec):
     assert plan.cols is not None and plan.dx.segments == 0 and len(plan.params) == 1
 
 
+def test_row_sums_only_dx_refuses_per_row_or_segment_outputs():
+    # the column pass's dx kernel takes only the row sums: a plan that also asked it for segment sums would
+    # leave that gradient unwritten, so the lowering refuses it instead of returning garbage
+    from dataclasses import replace
+
+    from normc.errors import CompileError
+
+    plan = plan_backward(_spec(GN, g=2), (2, 8, 8, 16), "float32", schedule="looped")
+    bad = replace(plan, dx=replace(plan.dx, sums_only=True))
+    with pytest.raises(CompileError, match="dscale\\+dshift"):
+        generate_backward(bad)
+
+
 def test_segment_route_rows_per_cta():
     # rows of 256 float32 (64 lanes): 4 rows per CTA, 6 rows (ragged), 2 segments of 128 per row
     _, plan = run_bwd(_spec(GN, g=2), make_x((3, 4, 2, 64), "float32"), schedule="looped")
