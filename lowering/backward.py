@@ -359,8 +359,10 @@ class _Red(_Emitter):
         g = _Src()
         name = {"fused": "normc_bwd_dx", "direct": "normc_bwd_param"}.get(
             mode, f"normc_bwd_{rp.role}_{mode}")
-        rev = mode == "finish" and rp.reverse  # the re-read starts where the partial kernel ended (in L2)
-        self.prologue(g, name, reverse_grid=rp.grid if rev else 0)
+        # the re-read (dx pass) starts where the reading pass ended, in L2: the split's finish kernel takes
+        # the work items last-first and walks its slice backwards; an unsplit CTA walks its own row backwards
+        rev = mode in ("finish", "fused") and rp.reverse
+        self.prologue(g, name, reverse_grid=rp.grid if rev and mode == "finish" else 0)
         if S > 1:
             g("lane = tid")
             g("rloc = 0")
@@ -450,8 +452,8 @@ class _Red(_Emitter):
         g = _Src()
         name = {"fused": "normc_bwd_dx", "direct": "normc_bwd_param"}.get(
             mode, f"normc_bwd_{rp.role}_{mode}")
-        rev = mode == "finish" and rp.reverse  # the re-read starts where the partial kernel ended (in L2)
-        self.prologue(g, name, reverse_grid=rp.grid if rev else 0)
+        rev = mode in ("finish", "fused") and rp.reverse  # as in inner_kernel
+        self.prologue(g, name, reverse_grid=rp.grid if rev and mode == "finish" else 0)
         g(f"cx = tid % {rp.nxc}")
         g(f"ry = tid // {rp.nxc}")
         g(f"act = ry < {RY}")

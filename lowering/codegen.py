@@ -82,6 +82,14 @@ FINISH_COLUMNS_MAX_ROWS = 1024
 # CTAs of the kernel that zeroes the coop schedule's arrival counters (one per reduction; coop plans have
 # fewer reductions than SMs, so one CTA's loop is enough).
 COUNTER_ZERO_GRID = 1
+# Looped schedules (one CTA reads its row or column tile twice, inner and outer): the normalize pass walks the
+# rows last-first (1) or first-first (0), starting on what the statistics pass read last (see stream_loop).
+# Each CTA's share of L2 is what it read last; read forwards, that share is evicted before it is reached.
+# Off: no clear gain on the forward. Measured on the H200 (tests/gpu_sweep.py, 2026-12-03, one run), us,
+# 0 / 1: NCHW batch statistics f16 (256, 256, 28, 28) 84.4 / 82.7, NHWC instance norm f16 (256, 128, 28, 28)
+# 43.1 / 42.7, NCDHW f16 (2, 64, 64^3) 53.8 / 53.8, NCHW group norm f16 (8, 320, 64, 64) 17.0 / 17.7. (The
+# backward's unsplit dx kernel gains from it: normc.backward_plan.REVERSE_LOOPED.)
+LOOPED_REVERSE = 0
 
 # Power-of-two scaling of the statistics (issue 5). Squares are taken in float32, so |x - pivot| above about
 # 1.8e19 (sqrt(FLT_MAX)) overflows the variance. float16 cannot get there (65504^2 fits easily); bfloat16
@@ -1055,7 +1063,7 @@ class _Inner(_Kernel):
             self.emit_edge_stats(g, "lane == 0", rms=True)
             self.reduce_sum(g, "q", "a")
         self.finish_stats(g, "lane == 0")
-        var = self._normalize_loop(g, "0", self.nvec, self.TPR)
+        var = self._normalize_loop(g, "0", self.nvec, self.TPR, reverse=bool(LOOPED_REVERSE))
         self.emit_edge_normalize(g, var, "lane == 0")
         return KernelSource("normc_inner", g.text(), p.grid, p.threads, self.shared, self.ptypes())
 
@@ -1862,7 +1870,7 @@ class _Outer(_Kernel):
         g.ind += 1
         self.merge_column(g, "lc")
         self.emit_stats_and_affine(g)
-        self.emit_normalize(g)
+        self.emit_normalize(g, reverse=bool(LOOPED_REVERSE))
         return KernelSource("normc_outer", g.text(), p.grid, p.threads, self.shared, self.ptypes())
 
     def split(self):

@@ -154,6 +154,16 @@ DX_MERGE = True
 # 100 x 1M 486.3 / 485.8, 10 x 10M 556.8 / 556.7.
 REVERSE_REREAD = True
 COLS_REVERSE = False
+# Unsplit dx (one CTA reads its rows or column tile twice, the sums then dx): the dx pass walks the rows
+# last-first, starting on the part of its slice that the sums pass read last and L2 still holds (each CTA's
+# share of L2, e.g. 60 MB / 256 resident CTAs = 234 KB of a 401 KB float16 batch-statistics row of x and dy).
+# Measured on the H200 (tests/gpu_backward_ab.py, 2026-12-03, one run), backward us, reversed / not: NCHW
+# batch statistics f16 (256, 256, 28, 28) 125.3 / 129.6; NHWC instance norm (256, 128, 28, 28) f32 141.2 /
+# 147.2, f16 78.1 / 81.8; NCDHW f32 (4, 64, 64^3) 313.1 / 318.4, (8, 32, 64^3) 312.8 / 317.8, (8, 64, 64^3)
+# 627.4 / 632.1; group norm f16 NCHW (8, 320, 64, 64) 30.0 / 31.2, NHWC (8, 640, 32, 32) 34.6 / 36.1; within
+# 1% on (8, 640, 32, 32) and (8, 1280, 16, 16) NCHW and NCDHW f16 (2, 128, 32^3); slower on NHWC group norm
+# (8, 320, 64, 64): 97.0 / 93.8.
+REVERSE_LOOPED = True
 # Outer dx, pass 2: rstd, mean and scale constant along the rows (hoisted per column) are folded with the row
 # means into three factors per column, dx = A*dy - C - (x - mean)*B (normc.lowering.backward's _Red.fold_dx):
 # four values held per column instead of five. The float16 NHWC batch-statistics finish kernel (8 columns per
@@ -237,8 +247,9 @@ class ReducePlan:
             seg_len`` segments of ``seg_len`` elements; one float32 per (row, segment, output) at
             ``seg_offset``, added per parameter element by ``normc_bwd_seg_finish``.
         seg_len: elements per segment (0: no segment route).
-        reverse: dx split only: the finish kernel takes the work items in reverse order and walks its slice
-            backwards (REVERSE_REREAD: its re-read starts where the partial kernel's read ended, in L2).
+        reverse: dx only: the re-read starts where the reading pass ended, in L2. Split: the finish kernel
+            takes the work items in reverse order and walks its slice backwards (REVERSE_REREAD); not split:
+            the dx pass walks the CTA's rows backwards (REVERSE_LOOPED).
         merged: dx outer split only: ``normc_bwd_dx_merge`` adds each row's split partials once (to
             ``merge_offset``, and writes the per-row sums of ``row_outputs``) before the finish kernel, whose
             CTAs then read one merged sum per column instead of every split's partial.
@@ -314,7 +325,7 @@ class ReducePlan:
         if self.sums_only:
             til += " (row sums only: dx by the column kernel)"
         if self.reverse:
-            til += " (finish re-reads last-first)"
+            til += " (finish re-reads last-first)" if self.splits > 1 else " (dx pass re-reads last-first)"
         rows = (f"; {'+'.join(self.row_outputs)} from its per-row sums ({','.join(self.sums)}), added by "
                 f"normc_bwd_row_finish" if self.row_outputs else "")
         if self.seg_outputs:
@@ -873,6 +884,10 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
             dx = replace(dx, reverse=True)
             dx_why.append("dx: the finish kernel re-reads x and dy in reverse (work items and slices last-first), "
                           "starting on what the partial kernel left in L2")
+        elif REVERSE_LOOPED and dx.splits == 1 and not dx.sums_only:
+            dx = replace(dx, reverse=True)
+            dx_why.append("dx: the dx pass re-reads each CTA's rows last-first, starting on what its sums pass "
+                          "left in L2")
         why[:0] = dx_why
     groups = []
     if len(want) == 2 and all(a.scale == a.shift for a in p.axes):

@@ -277,6 +277,23 @@ def test_split_reductions(spec, shape, perm, reverse, monkeypatch):
         assert plan.cols.reverse == reverse
 
 
+@pytest.mark.parametrize("reverse", [True, False], ids=["reverse", "forward"])
+@pytest.mark.parametrize("spec,shape,perm,dtype", [(BN, (2, 3, 16, 20), None, "float16"),
+                                                   (BN, (3, 10, 4, 6), NHWC, "float32"),
+                                                   (_spec(GN, g=2), (2, 6, 16, 16), None, "float32")],
+                         ids=["inner", "outer", "inner-segments"])
+def test_unsplit_dx_reread_direction(spec, shape, perm, dtype, reverse, monkeypatch):
+    # REVERSE_LOOPED: an unsplit dx kernel's second pass walks its rows last-first (or in order); the
+    # gradients match the float64 reference (run_bwd) either way; schedule="looped" keeps the general kernels
+    monkeypatch.setattr("normc.backward_plan.REVERSE_LOOPED", reverse)
+    _, plan = run_bwd(spec, make_x(shape, dtype, perm=perm), schedule="looped")
+    assert plan.fused is None and plan.dx.splits == 1 and plan.dx.reverse == reverse
+    assert plan.dx.strategy == ("outer" if perm else "inner")
+    assert bool(plan.dx.seg_outputs) == (spec != BN)
+    src = "".join(k.source for k in generate_backward(plan))
+    assert ("for trip in range(ntrip - 1, -1, -1):" in src) == reverse
+
+
 @pytest.mark.parametrize("fold", [True, False], ids=["fold", "nofold"])
 @pytest.mark.parametrize("spec,shape,dtype,schedule", [
     (BN, (3, 10, 4, 6), "float16", None),      # batch statistics NHWC: mean, rstd and scale per column

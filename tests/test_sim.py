@@ -181,6 +181,22 @@ def test_inner_looped_layer_norm():
     run_case(LN, make_x((2, 300), "float32"), schedule="looped", expect=("inner", "looped"))
 
 
+@pytest.mark.parametrize("reverse", [1, 0], ids=["last-first", "first-last"])
+@pytest.mark.parametrize("spec,shape,perm,strategy", [(LN, (2, 300), None, "inner"),
+                                                      (BN, (2, 8, 3, 3), NHWC, "outer")], ids=["inner", "outer"])
+def test_looped_reread_direction(spec, shape, perm, strategy, reverse, monkeypatch):
+    """codegen.LOOPED_REVERSE: the looped schedule's normalize pass walks the rows last-first (1) or in order
+    (0); y matches the reference either way. The shapes differ by direction: the kernel cache does not key on
+    codegen constants."""
+    from normc.lowering.codegen import generate
+
+    monkeypatch.setattr("normc.lowering.codegen.LOOPED_REVERSE", reverse)
+    shape = shape[:-1] + (shape[-1] + reverse,)
+    *_, plan = run_case(spec, make_x(shape, "float32", perm=perm), schedule="looped", expect=(strategy, "looped"))
+    src = "".join(k.source for k in generate(plan))
+    assert ("for trip in range(ntrip - 1, -1, -1):" in src) == bool(reverse)
+
+
 @pytest.mark.parametrize("spec", [LN, RMS], ids=["norm", "rms"])
 def test_inner_split(spec):
     run_case(spec, make_x((2, 700), "float32"), schedule="split", expect=("inner", "split"))
