@@ -988,21 +988,64 @@ class _Fused(_Red):
         else:
             sums = (["s_g"] if self.norm else []) + ["s_gx"] + [f"s_{q}" for q in row_q]
         ragged = keys % RPC != 0
-        with g.block("for it in range(g0, g1):"):
-            g(f"row = it * {RPC} + rloc")
+        pf = fz.prefetch
+        bases = (("x", "xb"), ("out", "ob"), ("scale", "sb"), ("stat", "mb"))
+        stats = ["rs"] + (["mu"] if self.norm else [])
+
+        def row_setup(it, p="", more=None):
+            """The row of group ``it`` (names prefixed ``p``): index, validity, bases, mean and rstd; with
+            ``more`` (a condition), ``{p}ld``: whether its loads are wanted (the prefetch past the last group
+            is not)."""
+            g(f"{p}row = {f'({it})' if ' ' in it else it} * {RPC} + rloc")
             if ragged:
-                g(f"rv = row < {keys}")
-                g(f"rowc = min(row, {keys - 1})")
-                r = "rowc"
+                g(f"{p}rv = {p}row < {keys}")
+                g(f"{p}rowc = min({p}row, {keys - 1})")
+                r = f"{p}rowc"
             else:
-                g("rv = True")
-                r = "row"
+                g(f"{p}rv = True")
+                r = f"{p}row"
+                if more is not None:  # the prefetch past the CTA's last group may be past the last row
+                    g(f"{p}rowc = min({p}row, {keys - 1})")
+                    r = f"{p}rowc"
+            if more is not None:
+                g(f"{p}ld = {p}rv and {more}" if ragged else f"{p}ld = {more}")
             cs = _coords(g, r, self.kep, "k")
-            for t, nm in (("x", "xb"), ("out", "ob"), ("scale", "sb"), ("stat", "mb")):
-                g(f"{nm} = I64({_offset(cs, self.kep, t)})")
-            g("rs = ld1_f32(rp, mb)")
+            for t, nm in bases:
+                g(f"{p}{nm} = I64({_offset(cs, self.kep, t)})")
+            g(f"{p}rs = ld1_f32(rp, {p}mb)")
             if self.norm:
-                g("mu = ld1_f32(mp, mb)")
+                g(f"{p}mu = ld1_f32(mp, {p}mb)")
+
+        def prefetch(p):
+            """Issue the loads of row ``{p}row``'s x and dy, kept as moved (words for 16-bit: converted after
+            the next barrier, see normc.lowering.device): one tuple per slot and tensor, ``{p}x{e}``/``{p}d{e}``."""
+            for e, (okc, o) in enumerate(slots):
+                ok = f"{p}ld" if okc == "True" else f"{p}ld and {okc}"
+                for t, ptr, off, nm in (("x", "xp", f"{p}xb + {o['x']}", "x"),
+                                        (b.dy_dtype, "gp", f"{p}ob + {o['out']}", "d")):
+                    tag = TAG[b.x_dtype if t == "x" else t]
+                    fn = f"ldm{V}_f32" if tag == "f32" else f"ldwm{V}_{tag}"
+                    g(f"{p}{nm}{e} = {fn}({ptr}, {off}, {ok})")
+
+        def unpack(name, tag):
+            names = [g.new("v") for _ in range(V)]
+            g(f"{', '.join(names)} = " + (name if tag == "f32" else f"cvw{V}_{tag}({name})"))
+            return names
+
+        if pf:  # the first row's loads, before the loop; each trip issues the next row's before its own work
+            row_setup("g0", "n", "g0 < g1")
+            prefetch("n")
+        with g.block("for it in range(g0, g1):"):
+            if pf:
+                for nm in ["row", "rv", "rowc"] + [nm for _, nm in bases] + stats:
+                    g(f"{nm} = n{nm}")
+                for e in range(E):
+                    g(f"x{e} = nx{e}")
+                    g(f"d{e} = nd{e}")
+                row_setup("it + 1", "n", "it + 1 < g1")
+                prefetch("n")
+            else:
+                row_setup("it")
             if smode == "row":
                 g(f"scr = ld1_{stag}(sp, sb)")
             for s in sums:
@@ -1010,8 +1053,12 @@ class _Fused(_Red):
             held = []
             for e, (okc, o) in enumerate(slots):
                 ok = self._ok(g, "rv" if ragged else "True", okc)
-                xs = self._ld(g, TAG[b.x_dtype], "xp", f"xb + {o['x']}", ok)
-                dys = self._ld(g, TAG[b.dy_dtype], "gp", f"ob + {o['out']}", ok)
+                if pf:
+                    xs = unpack(f"x{e}", TAG[b.x_dtype])
+                    dys = unpack(f"d{e}", TAG[b.dy_dtype])
+                else:
+                    xs = self._ld(g, TAG[b.x_dtype], "xp", f"xb + {o['x']}", ok)
+                    dys = self._ld(g, TAG[b.dy_dtype], "gp", f"ob + {o['out']}", ok)
                 xh = [g.new("xh") for _ in range(V)]
                 for j in range(V):
                     g(f"{xh[j]} = ({xs[j]} - mu) * rs" if self.norm else f"{xh[j]} = {xs[j]} * rs")

@@ -6,6 +6,11 @@ words, so they are built here as Numba intrinsics emitting LLVM IR with llvmlite
 * ``ld{v}_{t}(p, i)``: one ``v``-wide load (``ld.global.v{v}``, aligned to ``v * itemsize`` bytes) at element
   ``i`` of pointer ``p``, converted to float32; returns a float32 (v = 1) or a UniTuple of float32.
 * ``st{v}_{t}(p, i, vals)``: converts float32 values (round to nearest even) and stores them in one access.
+* ``ldw{v}_{t}(p, i)`` / ``ldwm{v}_{t}(p, i, ok)`` (16-bit ``t``): the load of ``ld{v}_{t}`` (masked: zeros
+  unless ``ok``) left as moved, a UniTuple of ``max(v // 2, 1)`` uint32 words (16-bit elements, the first in
+  the low half); ``cvw{v}_{t}(words)`` converts them to ``ld{v}_{t}``'s float32 values. A kernel that loads
+  the next row ahead (a prefetch) keeps the words across a barrier and converts them after it: a conversion
+  next to its load would stall the warp on the load there.
 
 Cache-hinted forms (``HINTS``; suffix ``_{h}`` on every name above, e.g. ``ld4_f32_ef``, ``stm8_f16_ef``), for
 the streaming schedules that read x twice, so that L2 keeps the lines they will read again:
@@ -222,6 +227,74 @@ def _make_masked_load(tag, width, hint=""):
 
     ldm.__name__ = f"ldm{width}_{tag}" + (f"_{hint}" if hint else "")
     return ldm
+
+
+def _words_type(width):
+    return types.UniTuple(types.uint32, max(width // 2, 1))
+
+
+def _as_words(context, builder, signature, width, raw):
+    """A 16-bit raw access (:func:`_raw_type`) as the UniTuple of uint32 words of :func:`_words_type`."""
+    if width == 1:
+        return context.make_tuple(builder, signature.return_type, [builder.zext(raw, _i32)])
+    words = [builder.extract_element(raw, ir.Constant(_i32, k)) for k in range(width // 2)]
+    return context.make_tuple(builder, signature.return_type, words)
+
+
+def _make_word_load(tag, width, masked):
+    """``ldw{width}_{tag}(p, i)`` / ``ldwm{width}_{tag}(p, i, ok)``: 16-bit loads kept as uint32 words (module
+    docstring); the masked form gives zero words unless ``ok`` (a predicated load, as ``ldm``)."""
+    def typer(typingctx, ptr, idx, *ok):
+        if not isinstance(ptr, types.CPointer) or not isinstance(idx, types.Integer):
+            return None
+        sig = _words_type(width)(ptr, idx, *ok)
+
+        def codegen(context, builder, signature, args):
+            p, i = args[0], context.cast(builder, args[1], signature.args[1], int64)
+            if not masked:
+                return _as_words(context, builder, signature, width, _load_raw(builder, p, i, tag, width))
+            c = context.cast(builder, args[2], signature.args[2], types.boolean)
+            slot = cgutils.alloca_once_value(builder, ir.Constant(_raw_type(tag, width), None))
+            with builder.if_then(c, likely=True):
+                builder.store(_load_raw(builder, p, i, tag, width), slot)
+            return _as_words(context, builder, signature, width, builder.load(slot))
+
+        return sig, codegen
+
+    if masked:
+        def ldwm(typingctx, ptr, idx, ok):
+            return typer(typingctx, ptr, idx, ok)
+        fn = ldwm
+    else:
+        def ldw(typingctx, ptr, idx):
+            return typer(typingctx, ptr, idx)
+        fn = ldw
+    fn.__name__ = f"ldw{'m' if masked else ''}{width}_{tag}"
+    return intrinsic(fn)
+
+
+def _make_word_convert(tag, width):
+    """``cvw{width}_{tag}(words)``: the float32 values (a float32 for width 1) of :func:`_make_word_load`'s words."""
+    @intrinsic
+    def cvw(typingctx, words):
+        if not isinstance(words, types.UniTuple) or words.count != max(width // 2, 1):
+            return None
+        ret = float32 if width == 1 else types.UniTuple(float32, width)
+        sig = ret(words)
+
+        def codegen(context, builder, signature, args):
+            ws = [builder.extract_value(args[0], k) for k in range(max(width // 2, 1))]
+            if width == 1:
+                return _as_floats(context, builder, signature, tag, 1, builder.trunc(ws[0], _i16))
+            raw = ir.Constant(ir.VectorType(_i32, width // 2), ir.Undefined)
+            for k, w in enumerate(ws):
+                raw = builder.insert_element(raw, w, ir.Constant(_i32, k))
+            return _as_floats(context, builder, signature, tag, width, raw)
+
+        return sig, codegen
+
+    cvw.__name__ = f"cvw{width}_{tag}"
+    return cvw
 
 
 def _pack2(builder, tag, lo, hi):
@@ -500,6 +573,10 @@ def namespace() -> dict:
             ns[f"st{w}_{tag}"] = _make_store(tag, w)
             ns[f"ldm{w}_{tag}"] = _make_masked_load(tag, w)
             ns[f"stm{w}_{tag}"] = _make_masked_store(tag, w)
+            if tag != "f32":
+                ns[f"ldw{w}_{tag}"] = _make_word_load(tag, w, False)
+                ns[f"ldwm{w}_{tag}"] = _make_word_load(tag, w, True)
+                ns[f"cvw{w}_{tag}"] = _make_word_convert(tag, w)
             for h in HINTS:
                 ns[f"ld{w}_{tag}_{h}"] = _make_load(tag, w, h)
                 ns[f"ldm{w}_{tag}_{h}"] = _make_masked_load(tag, w, h)

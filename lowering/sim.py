@@ -64,6 +64,21 @@ def _make_ldm(tag, w):
     return lambda p, i, ok: ld(p, i) if ok else zero
 
 
+def _make_ldw(tag, w):
+    """Word loads (device.py's ``ldw``/``ldwm``): here the raw 16-bit values themselves, converted by ``cvw``."""
+    def ldw(p, i):
+        return tuple(np.uint16(p[int(i) + k]) for k in range(w))
+
+    zero = (np.uint16(0),) * w
+    return ldw, (lambda p, i, ok: ldw(p, i) if ok else zero)
+
+
+def _make_cvw(tag, w):
+    if w == 1:
+        return lambda words: _cvt_in(tag, words[0])
+    return lambda words: tuple(_cvt_in(tag, v) for v in words)
+
+
 def _make_stm(tag, w):
     st = _make_st(tag, w)
 
@@ -267,6 +282,9 @@ def namespace(cluster=1, threads=1, blocks=1) -> dict:
             ns[f"st{w}_{tag}"] = _make_st(tag, w)
             ns[f"ldm{w}_{tag}"] = _make_ldm(tag, w)
             ns[f"stm{w}_{tag}"] = _make_stm(tag, w)
+            if tag != "f32":
+                ns[f"ldw{w}_{tag}"], ns[f"ldwm{w}_{tag}"] = _make_ldw(tag, w)
+                ns[f"cvw{w}_{tag}"] = _make_cvw(tag, w)
             for h in HINTS:  # cache hints change nothing a simulated memory can show
                 for op in ("ld", "ldm", "st", "stm"):
                     ns[f"{op}{w}_{tag}_{h}"] = ns[f"{op}{w}_{tag}"]

@@ -91,6 +91,14 @@ FUSED_BOUND_THREADS_PER_SM = 768
 # run) 85.2 against 86.3 us (fused kernel 79.5 / 81.2), within run-to-run spread, so float32 stays at 2 per SM.
 FUSED_BOUND_ITEMSIZE = 2
 FUSED_BOUND_MAX_SPILL = 0
+# Fused dx kernel: each trip of a CTA's row loop first issues the next row's x and dy loads (FusedPlan.prefetch),
+# so that they are in flight during this row's lane sums and barriers (without it, a CTA's loads of one row
+# start only after the previous row's dx is stored: one memory latency per row with nothing in flight). The
+# loaded values of two rows then take registers at once: the kernel carries the launch bound of its planned
+# CTAs per SM, and where ptxas would spill under it the runtime plans again without prefetch. ptxas through
+# nvJitLink (sm_90), registers without -> with, unbounded: instance norm NCHW float32 (256, 128, 28, 28)
+# 83 -> 126, layer norm bfloat16 16384 x 8192 121 -> 128, x 4096 119 -> 150, RMS bfloat16 x 8192 95 -> 124.
+FUSED_PREFETCH = False
 # Fused dx kernel over a thread-block cluster (sm_90+), for rows longer than one CTA holds: each of the C CTAs
 # of a cluster holds a slice of the row (MAX_PERSISTENT_THREADS lanes x up to FUSED_CLUSTER_MAX_VALUES values
 # each), the row sums are added over the cluster through distributed shared memory, and x and dy are still
@@ -370,6 +378,9 @@ class FusedPlan:
             ``e < per``; the lane-route partials are one set per cluster (each CTA writes its own elements).
         min_ctas: the launch bound (CTAs of ``threads`` per SM; 0: none); max_spill: bytes ptxas may spill under
             it before the bound is dropped.
+        prefetch: each trip of the row loop first issues the next row's x and dy loads (kept as loaded, 16-bit
+            values as 32-bit words), so they are in flight during this row's reductions and barriers
+            (FUSED_PREFETCH).
     """
 
     tpr: int
@@ -391,6 +402,7 @@ class FusedPlan:
     cluster: int = 1
     min_ctas: int = 0
     max_spill: int = 0
+    prefetch: bool = False
 
     @property
     def partial_sets(self) -> int:
@@ -409,7 +421,8 @@ class FusedPlan:
                  f"block={self.threads}, scale {self.scale_mode}"
                  + (f", cluster of {self.cluster} CTAs per row (row sums added through distributed shared memory)"
                     if self.cluster > 1 else "")
-                 + (f", launch bound {self.min_ctas} CTAs/SM" if self.min_ctas else "")]
+                 + (f", launch bound {self.min_ctas} CTAs/SM" if self.min_ctas else "")
+                 + (", next row's loads issued before this row's work" if self.prefetch else "")]
         if self.lane_outputs:
             who = "cluster" if self.cluster > 1 else "CTA"
             parts.append(f"{'+'.join(self.lane_outputs)} from per-{who} partials ({self.partial_sets} x "
@@ -730,9 +743,13 @@ def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_clus
     traffic = p.kept * p.reduced * (2 * dbytes["x"] + dbytes["out"])
     while cps > 1 and len(lane) * cps * sms * p.reduced * 4 * FUSED_PARTIAL_FRACTION > traffic:
         cps -= 1
+    may_bound = bound
     bound = cps if cps * threads > FUSED_THREADS_PER_SM else 0  # more CTAs than fit at 128 registers
     grid = min(groups, max(1, cps * sms // cluster)) * cluster
     gpc = -(-groups // (grid // cluster))
+    prefetch = bool(FUSED_PREFETCH) and may_bound and gpc > 1
+    if prefetch:  # under a bound of the planned CTAs per SM: where ptxas would spill, the runtime plans again
+        bound = max(bound, cps)  # without (fused_bound=False: no prefetch, no bound)
     red = [a for a in p.axes if a.reduced]
     kep = [a for a in p.axes if not a.reduced]
     if p.scale_dtype is None:
@@ -748,7 +765,7 @@ def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_clus
                    grid=grid, scale_mode=smode, lane_outputs=lane, row_outputs=row, lane_params=p.reduced,
                    ws_offset=ws_offset, row_ws_offset=ws_offset + nlane, row_nq=len(row), keys=keys,
                    cluster=cluster, min_ctas=bound,
-                   max_spill=FUSED_BOUND_MAX_SPILL if bound else 0)
+                   max_spill=FUSED_BOUND_MAX_SPILL if bound else 0, prefetch=prefetch)
     where = (f"a cluster of {cluster} CTAs x {tpr} lanes x {per} x {V}, row sums added through distributed "
              f"shared memory" if cluster > 1 else f"{tpr} lanes x {per} x {V}")
     why.append(f"dx fused: row of {p.reduced} held in registers ({where}); x and dy read once, "

@@ -451,6 +451,31 @@ def test_fused_cluster(spec, shape, perm, dtype, lanes, monkeypatch):
     assert ks.cluster == 2 and "dsmem_ld" in ks.source
 
 
+# FUSED_PREFETCH: each trip of a CTA's row loop first issues the next row's loads (16-bit x and dy kept as
+# 32-bit words, converted after the row's barriers); the gradients match the float64 reference (run_bwd) with
+# ragged row groups, the lane and the row route, 16-bit vectors of 8 and 4 and scalars, and a cluster
+@pytest.mark.parametrize("spec,shape,dtype,schedule", [
+    (LN, (2100, 12), "float32", None),  # 256 rows per CTA at a time, ragged
+    (LN, (150, 128), "bfloat16", None),  # vectors of 8, lane route, ragged
+    (RMS, (300, 100), "bfloat16", None),  # vectors of 4, masked lanes
+    (IN2, (48, 3, 5, 7), "float16", None),  # row route, scalar 16-bit values (35 a row)
+    (LN, (20, 200), "float32", "cluster"),  # two CTAs per row
+], ids=["ln-f32-ragged", "ln-bf16", "rms-bf16-vec4", "in2-f16-scalar", "ln-cluster"])
+def test_fused_prefetch(spec, shape, dtype, schedule, monkeypatch):
+    monkeypatch.setattr("normc.backward_plan.FUSED_PREFETCH", True)
+    # one CTA per SM (of the simulator's 4): several row groups per CTA on small inputs
+    monkeypatch.setattr("normc.backward_plan.FUSED_THREADS_PER_SM", 256)
+    monkeypatch.setattr("normc.backward_plan.FUSED_BOUND_THREADS_PER_SM", 256)
+    _, plan = run_bwd(spec, make_x(shape, dtype), schedule=schedule)
+    fz = plan.fused
+    assert fz is not None and fz.prefetch and fz.groups_per_cta > 1 and fz.min_ctas > 0
+    (ks,) = [k for k in generate_backward(plan) if k.name == "normc_bwd_fused"]
+    assert "nx0 = " in ks.source and ("cvw" in ks.source) == (dtype != "float32")
+    from normc.lowering import lower_backward
+
+    assert ".minnctapersm" in lower_backward(plan)[0].ptx or plan.fused.min_ctas == 0  # NVVM compiles it too
+
+
 @pytest.mark.parametrize("spec,shape", [(LN, (8192, 4096)), (RMS, (8192, 4096)),
                                         ("b t d : norm over d ; scale d ; shift d", (1, 1048576, 128))],
                          ids=["ln-8192x4096", "rms-8192x4096", "ln-tall-128"])
