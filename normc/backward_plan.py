@@ -97,7 +97,12 @@ FUSED_BOUND_MAX_SPILL = 0
 # loaded values of two rows then take registers at once: the kernel carries the launch bound of its planned
 # CTAs per SM, and where ptxas would spill under it the runtime plans again without prefetch. ptxas through
 # nvJitLink (sm_90), registers without -> with, unbounded: instance norm NCHW float32 (256, 128, 28, 28)
-# 83 -> 126, layer norm bfloat16 16384 x 8192 121 -> 128, x 4096 119 -> 150, RMS bfloat16 x 8192 95 -> 124.
+# 83 -> 126, layer norm bfloat16 16384 x 8192 121 -> 128, x 4096 119 -> 150 (127 under the bound of 2 CTAs
+# per SM), RMS bfloat16 x 8192 95 -> 124. Measured on the H200 (tests/gpu_backward_ab.py, 2026-12-03, one
+# run), backward us, without / with: layer norm bfloat16 16384 x 8192 299.7 / 234.7, x 4096 147.9 / 129.1;
+# instance norm NCHW float32 (256, 128, 28, 28) 85.9 / 85.1; float16 51.0 (3 CTAs per SM) / 51.3 (prefetch
+# at 2 per SM; at 3 per SM it spills). Off by default until every fused anchor row has been measured with it
+# and the bench re-run (its fallback when the prefetching kernel spills was added after that run).
 FUSED_PREFETCH = False
 # Fused dx kernel over a thread-block cluster (sm_90+), for rows longer than one CTA holds: each of the C CTAs
 # of a cluster holds a slice of the row (MAX_PERSISTENT_THREADS lanes x up to FUSED_CLUSTER_MAX_VALUES values
@@ -691,7 +696,7 @@ def _dense_kept(kep, tensor):
 
 
 def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_cluster=None, force_cluster=False,
-                bound=True):
+                bound=True, prefetch=True):
     """The :class:`FusedPlan` for dx (inner strategy) when a row fits in the registers of one CTA or of a
     thread-block cluster (up to ``max_cluster`` CTAs; ``force_cluster``: the smallest cluster and lanes that
     hold the row, for tests), else ``None``."""
@@ -747,9 +752,9 @@ def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_clus
     bound = cps if cps * threads > FUSED_THREADS_PER_SM else 0  # more CTAs than fit at 128 registers
     grid = min(groups, max(1, cps * sms // cluster)) * cluster
     gpc = -(-groups // (grid // cluster))
-    prefetch = bool(FUSED_PREFETCH) and may_bound and gpc > 1
+    prefetch = bool(FUSED_PREFETCH) and prefetch and may_bound and gpc > 1
     if prefetch:  # under a bound of the planned CTAs per SM: where ptxas would spill, the runtime plans again
-        bound = max(bound, cps)  # without (fused_bound=False: no prefetch, no bound)
+        bound = max(bound, cps)  # without prefetch (then, if that spills too, without the bound)
     red = [a for a in p.axes if a.reduced]
     kep = [a for a in p.axes if not a.reduced]
     if p.scale_dtype is None:
@@ -813,7 +818,7 @@ def _cols_plan(p, dx, outputs, dbytes, sms, ws_offset, forced, why):
 
 def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True, need_dshift=True,
                        dshift_dtype=None, arch="sm_90", sms=DEFAULT_SMS, schedule=None,
-                       max_cluster=None, fused_bound=True) -> BackwardPlan:
+                       max_cluster=None, fused_bound=True, fused_prefetch=True) -> BackwardPlan:
     """Plan the gradient kernels of a forward :class:`normc.problem.Problem`.
 
     Args:
@@ -832,8 +837,10 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
             ``planner.CLUSTER_SIZES``; 1: none); the runtime lowers it when the device cannot co-schedule the
             planned cluster.
         fused_bound: whether a fused dx kernel with 16-bit x may aim for 3 CTAs per SM under a launch bound
-            (FUSED_BOUND_THREADS_PER_SM); the runtime plans again with False when its kernel would spill under
-            the bound (ptxas drops it then).
+            (FUSED_BOUND_THREADS_PER_SM), and may prefetch (which needs a bound too); the runtime plans again
+            with False when its kernel would spill under the bound (ptxas drops it then).
+        fused_prefetch: whether a fused dx kernel may prefetch the next row (FUSED_PREFETCH, under the bound of
+            its CTAs per SM); the runtime first plans again with False when a prefetching kernel would spill.
 
     Returns:
         :class:`BackwardPlan`.
@@ -858,7 +865,8 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
     empty = p.kept * p.reduced == 0  # nothing to launch (the runtime returns early): the general plan describes it
     if schedule not in ("split", "looped") and not empty:
         fused, want = _fused_plan(p, dx, want, dbytes, sms, 0, why, arch=arch, max_cluster=max_cluster,
-                                  force_cluster=schedule == "cluster", bound=fused_bound)
+                                  force_cluster=schedule == "cluster", bound=fused_bound,
+                                  prefetch=fused_prefetch)
     if fused is None:
         # parameters constant along every row: their gradients from dx's per-row sums (x and dy read twice)
         row = tuple(o for o, t in want if _route(p.axes, t) == "row")

@@ -170,12 +170,16 @@ def _build(compiled, gi, xi, si, need_dscale, need_dshift):
     gpu.set_device(xi.device)
     sms = gpu.device_sms(xi.device)
 
-    def plan_for(mc, bound=True):
+    def plan_for(mc, bound=True, prefetch=True):
         plan = make_backward_plan(prob, dy_dtype=gi.dtype, dy_align=dy_align, need_dscale=need_dscale,
                                   need_dshift=need_dshift, arch=f"sm_{cc[0]}{cc[1]}", sms=sms,
-                                  schedule=compiled.schedule, max_cluster=mc, fused_bound=bound)
+                                  schedule=compiled.schedule, max_cluster=mc, fused_bound=bound,
+                                  fused_prefetch=prefetch)
         if bound and plan.fused is not None and plan.fused.min_ctas and not bound_kept(plan, cc):
-            return plan_for(mc, bound=False)  # ptxas dropped the bound: a grid for fewer CTAs per SM
+            # ptxas dropped the bound: first without the prefetch's registers, then a grid for fewer CTAs per SM
+            if plan.fused.prefetch:
+                return plan_for(mc, bound=True, prefetch=False)
+            return plan_for(mc, bound=False, prefetch=False)
         return plan
 
     plan, kernels = gpu.load_fitting_clusters(

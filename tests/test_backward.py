@@ -939,17 +939,20 @@ def test_runtime_plans_smaller_clusters_when_they_do_not_fit(row, fits, want, mo
     assert tried == sorted(tried, reverse=True) and (want is not None or tried[-1] == 1)
 
 
+class _AnyClusterFits:
+    """Stands for normc.runtime.gpu.Loaded on a faked device where every cluster fits."""
+
+    def __init__(self, *a):
+        pass
+
+    def clusters_fit(self):
+        return True
+
+
 @pytest.mark.parametrize("kept", [True, False], ids=["bound-kept", "bound-dropped"])
 def test_runtime_replans_fused_grid_when_the_bound_is_dropped(kept, monkeypatch):
     """Anchor row 2 (instance norm float16, fused) is planned for 3 CTAs per SM under a launch bound; when the
     compiled kernel lacks the bound (ptxas would spill: faked here, no GPU), the runtime plans it again for 2."""
-
-    class Loaded:
-        def __init__(self, *a):
-            pass
-
-        def clusters_fit(self):
-            return True
 
     tried = []
 
@@ -958,11 +961,35 @@ def test_runtime_replans_fused_grid_when_the_bound_is_dropped(kept, monkeypatch)
         ptx = ".minnctapersm 3" if kept and plan.fused.min_ctas else ""
         return [{"ptx": ptx, "cubin": None, "entry": "e", "grid": 1, "block": 32}]
 
-    fz = _build_anchor_on_fake_gpu(2, monkeypatch, Loaded, kernels).plan.fused
+    fz = _build_anchor_on_fake_gpu(2, monkeypatch, _AnyClusterFits, kernels).plan.fused
     if kept:
         assert (fz.min_ctas, fz.grid) == (3, 3 * 132) and tried == [3, 3]
     else:
         assert (fz.min_ctas, fz.grid) == (0, 2 * 132) and tried == [3, 0]
+
+
+@pytest.mark.parametrize("spills", [(), ("prefetch",), ("prefetch", "bound")], ids=["fits", "prefetch-spills",
+                                                                                  "both-spill"])
+def test_runtime_drops_the_prefetch_before_the_bound(spills, monkeypatch):
+    """With FUSED_PREFETCH, anchor row 2 (instance norm float16, fused) is planned to prefetch at 3 CTAs per SM
+    under a launch bound. When its kernel would spill under the bound (faked: no GPU), the runtime plans again
+    without the prefetch, still at 3 per SM; when that spills too, for 2 per SM without a bound."""
+    monkeypatch.setattr("normc.backward_plan.FUSED_PREFETCH", True)
+
+    tried = []
+
+    def kernels(plan, cc):
+        fz = plan.fused
+        tried.append((fz.prefetch, fz.min_ctas))
+        spill = ("prefetch" if fz.prefetch else "bound") in spills
+        return [{"ptx": "" if spill or not fz.min_ctas else ".minnctapersm 3", "cubin": None, "entry": "e",
+                 "grid": 1, "block": 32}]
+
+    fz = _build_anchor_on_fake_gpu(2, monkeypatch, _AnyClusterFits, kernels).plan.fused
+    want = {(): [(True, 3)], ("prefetch",): [(True, 3), (False, 3)],
+            ("prefetch", "bound"): [(True, 3), (False, 3), (False, 0)]}[spills]
+    assert tried[:len(want)] == want and set(tried[len(want):]) <= {want[-1]}
+    assert (fz.prefetch, fz.min_ctas) == want[-1] and fz.grid == (2 if want[-1][1] == 0 else 3) * 132
 
 
 def test_load_fitting_clusters_halves_until_they_fit(monkeypatch):
