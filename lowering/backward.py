@@ -900,7 +900,9 @@ class _Fused(_Red):
     thread holds, kept across rows), combine the row sums across the lanes (xor butterfly, then shared memory
     in warp order), write dx from the registers, and for the row route write the row's sums. After its rows
     the CTA writes its parameter partials (rows of one CTA at a time combined in row order through shared
-    memory). ``normc_bwd_fparam_finish`` / ``normc_bwd_frow_finish`` add them in a fixed order.
+    memory). ``normc_bwd_fparam_finish`` / ``normc_bwd_frow_finish`` add them in a fixed order. With
+    ``fused.prefetch`` each trip first issues the next row's loads (``nwx{e}``/``nwd{e}``, 16-bit values as
+    32-bit words) and works on the ones the previous trip issued (``wx{e}``/``wd{e}``, converted by ``cvw``).
 
     With a cluster (``fused.cluster`` = C > 1, one row per CTA at a time) the C CTAs of cluster ``bid // C``
     share each row: rank ``cr = bid % C`` holds vectors ``lane + tpr*(cr + C*e)``; after the lanes' sums, thread 0
@@ -1018,13 +1020,12 @@ class _Fused(_Red):
 
         def prefetch(p):
             """Issue the loads of row ``{p}row``'s x and dy, kept as moved (words for 16-bit: converted after
-            the next barrier, see normc.lowering.device): one tuple per slot and tensor, ``{p}x{e}``/``{p}d{e}``."""
+            the next barrier, see normc.lowering.device): one tuple per slot and tensor, ``{p}wx{e}``/``{p}wd{e}``."""
             for e, (okc, o) in enumerate(slots):
                 ok = f"{p}ld" if okc == "True" else f"{p}ld and {okc}"
-                for t, ptr, off, nm in (("x", "xp", f"{p}xb + {o['x']}", "x"),
-                                        (b.dy_dtype, "gp", f"{p}ob + {o['out']}", "d")):
-                    tag = TAG[b.x_dtype if t == "x" else t]
-                    fn = f"ldm{V}_f32" if tag == "f32" else f"ldwm{V}_{tag}"
+                for dt, ptr, off, nm in ((b.x_dtype, "xp", f"{p}xb + {o['x']}", "wx"),
+                                         (b.dy_dtype, "gp", f"{p}ob + {o['out']}", "wd")):
+                    fn = f"ldm{V}_f32" if TAG[dt] == "f32" else f"ldwm{V}_{TAG[dt]}"
                     g(f"{p}{nm}{e} = {fn}({ptr}, {off}, {ok})")
 
         def unpack(name, tag):
@@ -1040,8 +1041,8 @@ class _Fused(_Red):
                 for nm in ["row", "rv", "rowc"] + [nm for _, nm in bases] + stats:
                     g(f"{nm} = n{nm}")
                 for e in range(E):
-                    g(f"x{e} = nx{e}")
-                    g(f"d{e} = nd{e}")
+                    g(f"wx{e} = nwx{e}")
+                    g(f"wd{e} = nwd{e}")
                 row_setup("it + 1", "n", "it + 1 < g1")
                 prefetch("n")
             else:
@@ -1054,8 +1055,8 @@ class _Fused(_Red):
             for e, (okc, o) in enumerate(slots):
                 ok = self._ok(g, "rv" if ragged else "True", okc)
                 if pf:
-                    xs = unpack(f"x{e}", TAG[b.x_dtype])
-                    dys = unpack(f"d{e}", TAG[b.dy_dtype])
+                    xs = unpack(f"wx{e}", TAG[b.x_dtype])
+                    dys = unpack(f"wd{e}", TAG[b.dy_dtype])
                 else:
                     xs = self._ld(g, TAG[b.x_dtype], "xp", f"xb + {o['x']}", ok)
                     dys = self._ld(g, TAG[b.dy_dtype], "gp", f"ob + {o['out']}", ok)
@@ -1190,7 +1191,8 @@ class _Fused(_Red):
 
 def generate_backward(bplan) -> list:
     """Python sources of the backward kernels of a :class:`normc.backward_plan.BackwardPlan`, in launch
-    order: the dx kernel(s) (1; 2 when split; 3 when an outer split merges its partials in a kernel of its own), then for each parameter reduction 1 kernel (2 when split).
+    order: the dx kernel(s) (1; 2 when split; 3 when an outer split merges its partials in a kernel of its
+    own), then for each parameter reduction 1 kernel (2 when split).
     Every kernel takes the nine pointers of this module's docstring."""
     out = []
     reds = tuple(bplan.params)

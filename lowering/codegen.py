@@ -83,7 +83,7 @@ FINISH_COLUMNS_MAX_ROWS = 1024
 # fewer reductions than SMs, so one CTA's loop is enough).
 COUNTER_ZERO_GRID = 1
 # Looped schedules (one CTA reads its row or column tile twice, inner and outer): the normalize pass walks the
-# rows last-first (1) or first-first (0), starting on what the statistics pass read last (see stream_loop).
+# rows last-first (1), starting on what the statistics pass read last (see stream_loop), or in order (0).
 # Each CTA's share of L2 is what it read last; read forwards, that share is evicted before it is reached.
 # Off: no clear gain on the forward. Measured on the H200 (tests/gpu_sweep.py, 2026-12-03, one run), us,
 # 0 / 1: NCHW batch statistics f16 (256, 256, 28, 28) 84.4 / 82.7, NHWC instance norm f16 (256, 128, 28, 28)

@@ -748,13 +748,12 @@ def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_clus
     traffic = p.kept * p.reduced * (2 * dbytes["x"] + dbytes["out"])
     while cps > 1 and len(lane) * cps * sms * p.reduced * 4 * FUSED_PARTIAL_FRACTION > traffic:
         cps -= 1
-    may_bound = bound
-    bound = cps if cps * threads > FUSED_THREADS_PER_SM else 0  # more CTAs than fit at 128 registers
+    ctas_bound = cps if cps * threads > FUSED_THREADS_PER_SM else 0  # more CTAs than fit at 128 registers
     grid = min(groups, max(1, cps * sms // cluster)) * cluster
     gpc = -(-groups // (grid // cluster))
-    prefetch = bool(FUSED_PREFETCH) and prefetch and may_bound and gpc > 1
+    prefetch = bool(FUSED_PREFETCH) and prefetch and bound and gpc > 1
     if prefetch:  # under a bound of the planned CTAs per SM: where ptxas would spill, the runtime plans again
-        bound = max(bound, cps)  # without prefetch (then, if that spills too, without the bound)
+        ctas_bound = max(ctas_bound, cps)  # without prefetch (then, if that spills too, without the bound)
     red = [a for a in p.axes if a.reduced]
     kep = [a for a in p.axes if not a.reduced]
     if p.scale_dtype is None:
@@ -769,13 +768,15 @@ def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_clus
     fz = FusedPlan(tpr=tpr, per=per, vec=V, threads=threads, rows_per_cta=rpc, groups=groups, groups_per_cta=gpc,
                    grid=grid, scale_mode=smode, lane_outputs=lane, row_outputs=row, lane_params=p.reduced,
                    ws_offset=ws_offset, row_ws_offset=ws_offset + nlane, row_nq=len(row), keys=keys,
-                   cluster=cluster, min_ctas=bound,
-                   max_spill=FUSED_BOUND_MAX_SPILL if bound else 0, prefetch=prefetch)
+                   cluster=cluster, min_ctas=ctas_bound,
+                   max_spill=FUSED_BOUND_MAX_SPILL if ctas_bound else 0, prefetch=prefetch)
     where = (f"a cluster of {cluster} CTAs x {tpr} lanes x {per} x {V}, row sums added through distributed "
              f"shared memory" if cluster > 1 else f"{tpr} lanes x {per} x {V}")
     why.append(f"dx fused: row of {p.reduced} held in registers ({where}); x and dy read once, "
                f"{grid} CTAs x {gpc} groups of {rpc} rows"
-               + (f" ({bound} CTAs per SM under the launch bound .minnctapersm {bound})" if bound else "")
+               + (f" ({ctas_bound} CTAs per SM under the launch bound .minnctapersm {ctas_bound})"
+                  if ctas_bound else "")
+               + ("; each row's loads issued one row ahead (prefetch)" if prefetch else "")
                + (f"; {'+'.join(lane)} from per-{'cluster' if cluster > 1 else 'CTA'} partials" if lane else "")
                + (f"; {'+'.join(row)} from per-row sums" if row else ""))
     return fz, rest

@@ -470,7 +470,7 @@ def test_fused_prefetch(spec, shape, dtype, schedule, monkeypatch):
     fz = plan.fused
     assert fz is not None and fz.prefetch and fz.groups_per_cta > 1 and fz.min_ctas > 0
     (ks,) = [k for k in generate_backward(plan) if k.name == "normc_bwd_fused"]
-    assert "nx0 = " in ks.source and ("cvw" in ks.source) == (dtype != "float32")
+    assert "nwx0 = " in ks.source and ("cvw" in ks.source) == (dtype != "float32")
     from normc.lowering import lower_backward
 
     assert ".minnctapersm" in lower_backward(plan)[0].ptx or plan.fused.min_ctas == 0  # NVVM compiles it too
