@@ -690,7 +690,7 @@ def precompile_plans(row, kind="forward", cc=(9, 0), sms=132):
     bplan = None
     if kind == "backward":
         bplan = plan_backward(spec, shape, dt, strides=strides, dy_dtype=dt, need_dscale=spec.scale is not None,
-                              need_dshift=spec.shift is not None, arch=arch, sms=sms, **pdt)
+                              need_dshift=spec.shift is not None, arch=arch, sms=sms, fit_bounds=True, **pdt)
     return plan, bplan
 
 

@@ -176,7 +176,7 @@ def _backward_plan_from_args(args):
     sp = parse_spec(args.spec, eps=_parse_eps(args.eps), **_parse_sizes(args.size))
     sp.axis_sizes(shape)
     return plan_backward(sp, shape, _parse_dtype(args.dtype, "--dtype"), layout=args.layout,
-                         dy_dtype=_parse_dtype(args.out_dtype, "--out-dtype"), arch=args.arch)
+                         dy_dtype=_parse_dtype(args.out_dtype, "--out-dtype"), arch=args.arch, fit_bounds=True)
 
 
 def _cmd_ptx(args) -> int:

@@ -95,11 +95,42 @@ def _check(compiled, gi, xi, mi, ri, si):
     return sizes, sim
 
 
+def fitting_plan(make, kept):
+    """The backward plan that runs: ``make(bound, prefetch)`` (a :func:`make_backward_plan` call) with both
+    allowed, unless its fused dx kernel carries a launch bound that ``kept(plan)`` says ptxas dropped (it would
+    spill under it); then without the prefetch (if it had one), then without the bound (a grid for fewer CTAs
+    per SM)."""
+    def runs(plan):
+        return plan.fused is None or not plan.fused.min_ctas or kept(plan)
+
+    plan = make(True, True)
+    if runs(plan):
+        return plan
+    if plan.fused.prefetch:
+        plan = make(True, False)
+        if runs(plan):
+            return plan
+    return make(False, False)
+
+
+def fused_bound_holds(plan) -> bool:
+    """Whether the fused dx kernel of ``plan`` keeps its launch bound once compiled (NVVM, then ptxas through
+    nvJitLink: no GPU needed); normc.lowering drops the bound where ptxas would spill under it."""
+    from ..lowering import arch_cc, compile_source
+    from ..lowering.backward import generate_backward
+
+    return ".minnctapersm" in compile_source(generate_backward(plan)[0], arch_cc(plan.arch)).ptx
+
+
 def plan_backward(spec, shape, dtype="float32", *, strides=None, layout=None, dy_dtype=None, scale_dtype=None,
-                  shift_dtype=None, need_dscale=True, need_dshift=True, arch="sm_90", sms=None, schedule=None):
+                  shift_dtype=None, need_dscale=True, need_dshift=True, arch="sm_90", sms=None, schedule=None,
+                  fit_bounds=False):
     """Plan the backward pass of ``spec`` for an x of logical ``shape`` (no GPU needed).
 
     Args mirror :func:`normc.api.plan_for`; ``dy_dtype`` defaults to x's dtype, ``sms`` to 132.
+    ``fit_bounds``: compile the fused dx kernel when it carries a launch bound and plan again as the runtime
+    does where ptxas would drop it (:func:`fitting_plan`), so the plan is the one that runs (costs an NVVM
+    compile, about a second); else the planner's first choice.
 
     Returns:
         :class:`normc.backward_plan.BackwardPlan`.
@@ -127,8 +158,13 @@ def plan_backward(spec, shape, dtype="float32", *, strides=None, layout=None, dy
                         scale_dtype=scale_dtype, shift_dtype=shift_dtype)
     if dy_dtype is not None and dy_dtype not in SUPPORTED:
         raise ArgumentError(f"dy has dtype {dy_dtype}; expected one of {', '.join(SUPPORTED)}")
-    return make_backward_plan(prob, dy_dtype=dy_dtype, need_dscale=need_dscale, need_dshift=need_dshift,
-                              arch=f"sm_{cc[0]}{cc[1]}", sms=sms or DEFAULT_SMS, schedule=schedule)
+
+    def make(bound, prefetch):
+        return make_backward_plan(prob, dy_dtype=dy_dtype, need_dscale=need_dscale, need_dshift=need_dshift,
+                                  arch=f"sm_{cc[0]}{cc[1]}", sms=sms or DEFAULT_SMS, schedule=schedule,
+                                  fused_bound=bound, fused_prefetch=prefetch)
+
+    return fitting_plan(make, fused_bound_holds) if fit_bounds else make(True, True)
 
 
 def _build(compiled, gi, xi, si, need_dscale, need_dshift):
@@ -170,17 +206,14 @@ def _build(compiled, gi, xi, si, need_dscale, need_dshift):
     gpu.set_device(xi.device)
     sms = gpu.device_sms(xi.device)
 
-    def plan_for(mc, bound=True, prefetch=True):
-        plan = make_backward_plan(prob, dy_dtype=gi.dtype, dy_align=dy_align, need_dscale=need_dscale,
-                                  need_dshift=need_dshift, arch=f"sm_{cc[0]}{cc[1]}", sms=sms,
-                                  schedule=compiled.schedule, max_cluster=mc, fused_bound=bound,
-                                  fused_prefetch=prefetch)
-        if bound and plan.fused is not None and plan.fused.min_ctas and not bound_kept(plan, cc):
-            # ptxas dropped the bound: first without the prefetch's registers, then a grid for fewer CTAs per SM
-            if plan.fused.prefetch:
-                return plan_for(mc, bound=True, prefetch=False)
-            return plan_for(mc, bound=False, prefetch=False)
-        return plan
+    def plan_for(mc):
+        def make(bound, prefetch):
+            return make_backward_plan(prob, dy_dtype=gi.dtype, dy_align=dy_align, need_dscale=need_dscale,
+                                      need_dshift=need_dshift, arch=f"sm_{cc[0]}{cc[1]}", sms=sms,
+                                      schedule=compiled.schedule, max_cluster=mc, fused_bound=bound,
+                                      fused_prefetch=prefetch)
+
+        return fitting_plan(make, lambda plan: bound_kept(plan, cc))
 
     plan, kernels = gpu.load_fitting_clusters(
         plan_for,

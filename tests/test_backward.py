@@ -726,6 +726,27 @@ def test_fused_launch_bound_holds(spec, shape, dtype, bound):
         assert bound_kept(plan, (9, 0)) == (bound > 0)
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["default", "prefetch"])
+@pytest.mark.parametrize("spec,shape,dtype,planned,runs", [
+    (RMS_TEXT, (16384, 2000), "bfloat16", 3, 0),  # the bound spills: planned again for 2 CTAs per SM
+    (IN2, (256, 128, 28, 28), "float16", 3, 3),  # the bound holds without the prefetch
+    (LN, (16384, 8192), "bfloat16", 0, 0),  # no bound (1 CTA of 512 per SM), unless it prefetches: it holds
+], ids=["rms-2000-dropped", "in-f16", "ln-8192"])
+def test_plan_backward_fit_bounds_gives_the_plan_that_runs(spec, shape, dtype, planned, runs, prefetch,
+                                                           monkeypatch):
+    # plan_backward(fit_bounds=True) (normc plan/ptx --backward, the bench's precompile) compiles the fused
+    # kernel and plans again as the runtime does (fitting_plan): without the prefetch, then without the bound
+    monkeypatch.setattr("normc.backward_plan.FUSED_PREFETCH", prefetch)
+    first = plan_backward(spec, shape, dtype).fused
+    fit = plan_backward(spec, shape, dtype, fit_bounds=True).fused
+    assert first.prefetch == prefetch
+    if prefetch and shape == (16384, 8192):  # 512 threads a CTA: its prefetch fits the bound of 1 CTA per SM
+        assert (first.min_ctas, fit.min_ctas, fit.prefetch) == (1, 1, True)
+        return
+    assert first.min_ctas == planned and (fit.min_ctas, fit.prefetch) == (runs, False)
+    assert fit.grid == min(fit.groups, max(runs, 512 // fit.threads) * 132)
+
+
 # the column kernels of layer/RMS anchor rows too long for the fused kernel: no spills, and the launch bound
 # of two 256-thread CTAs per SM kept (at most 128 registers). Not 4 x 10000001 (row 44): 16 scalar slots per
 # thread take 219 registers, the bound would spill and is dropped (one CTA per SM)
