@@ -66,6 +66,16 @@ def _ordered_sum(g, pairs, lanes, stride, idx, var):
             g(f"{dst} = {dst} + {src}[{var} * {stride} + {idx}]")
 
 
+def _xor_butterfly(g, names, lanes=32):
+    """Emit ``n = n + shfl_xor(n, off)`` for each of ``names``, off = lanes/2, ..., 1: each name summed over
+    ``lanes`` (a power of two, at most 32) consecutive lanes of a warp; every lane gets the same bits."""
+    off = lanes // 2
+    while off >= 1:
+        for n in names:
+            g(f"{n} = {n} + shfl_xor({n}, {off})")
+        off //= 2
+
+
 class _Red(_Emitter):
     """Generator of one :class:`normc.backward_plan.ReducePlan`'s kernels."""
 
@@ -291,10 +301,7 @@ class _Red(_Emitter):
     def reduce_sum(self, g, s, tag):
         """Sum ``s`` over the TPR lanes of a row (xor butterfly: every lane gets the same bits)."""
         TPR, RPC = self.rp.tpr, self.rp.rows_per_cta
-        off = min(TPR, 32) // 2
-        while off >= 1:
-            g(f"{s} = {s} + shfl_xor({s}, {off})")
-            off //= 2
+        _xor_butterfly(g, [s], min(TPR, 32))
         if TPR <= 32:
             return
         NW = TPR // 32
@@ -320,11 +327,7 @@ class _Red(_Emitter):
             else:
                 g(f"{w} = " + " + ".join(vals["dy"][j] for j in range(V)))
             ws.append(w)
-        off = 16
-        while off >= 1:
-            for w in ws:
-                g(f"{w} = {w} + shfl_xor({w}, {off})")
-            off //= 2
+        _xor_butterfly(g, ws)
         with g.block("if lane % 32 == 0:"):
             for i, w in enumerate(ws):
                 g(f"sg[(rloc * {NSL} + c // 32) * {nq} + {i}] = {w}")
@@ -674,11 +677,7 @@ class _Red(_Emitter):
             for o in outs:
                 g(f"t_{o} = t_{o} + ld1_f32(wp, {ws_offset} + so * {nq} + {idx[o]})")
         if warp:
-            off = 16
-            while off >= 1:
-                for o in outs:
-                    g(f"t_{o} = t_{o} + shfl_xor(t_{o}, {off})")
-                off //= 2
+            _xor_butterfly(g, [f"t_{o}" for o in outs])
         with g.block(f"if k < {NP} and lane == 0:" if warp else f"if k < {NP}:"):
             for o in outs:
                 g(f"st1_{TAG[getattr(b, o + '_dtype')]}({_OUTPTR[o]}, k, t_{o})")
@@ -773,11 +772,7 @@ class _Cols(_Red):
                 for i, q in enumerate(self.Q):
                     g(f"a_{q} = a_{q} + ld1_f32(wp, {W} + (k * {keys} + kb) * {rp.nq} + {i})")
             if warp:
-                off = 16
-                while off >= 1:
-                    for q in self.Q:
-                        g(f"a_{q} = a_{q} + shfl_xor(a_{q}, {off})")
-                    off //= 2
+                _xor_butterfly(g, [f"a_{q}" for q in self.Q])
             self.means(g, "mg_", "mgx_", lambda q: f"a_{q}", None)
             if self.norm:
                 g("sC1[rr] = mg_")
@@ -918,11 +913,7 @@ class _Fused(_Red):
 
     def _lane_sums(self, g, sums, RPC, TPR):
         """Sum each name in ``sums`` over the TPR lanes of a row (every lane gets the same bits)."""
-        off = min(TPR, 32) // 2
-        while off >= 1:
-            for s in sums:
-                g(f"{s} = {s} + shfl_xor({s}, {off})")
-            off //= 2
+        _xor_butterfly(g, sums, min(TPR, 32))
         if TPR <= 32:
             return
         NW = TPR // 32

@@ -117,6 +117,19 @@ def _as_floats(context, builder, signature, tag, width, raw):
     return context.make_tuple(builder, signature.return_type, elems)
 
 
+def _words_type(width):
+    """Numba type of a 16-bit ``width``-element access kept as 32-bit words (one word for width 1 or 2)."""
+    return types.UniTuple(types.uint32, max(width // 2, 1))
+
+
+def _as_words(context, builder, signature, width, raw):
+    """A 16-bit raw access (:func:`_raw_type`) as the UniTuple of uint32 words of :func:`_words_type`."""
+    if width == 1:
+        return context.make_tuple(builder, signature.return_type, [builder.zext(raw, _i32)])
+    words = [builder.extract_element(raw, ir.Constant(_i32, k)) for k in range(width // 2)]
+    return context.make_tuple(builder, signature.return_type, words)
+
+
 def _store_raw(builder, raw, p, idx, tag, width, hint=""):
     """Store ``raw`` (a ``width``-element access as moved, :func:`_raw_type`) at element ``idx`` of ``p`` in one
     access, plain or with the cache hint ``hint`` (only ``ef``: ``st.global.cs``, through inline PTX)."""
@@ -181,34 +194,40 @@ def _load_hinted(builder, p, idx, tag, width, hint):
     return words
 
 
-def _make_load(tag, width, hint=""):
+def _make_load(tag, width, hint="", words=False):
+    """``ld{width}_{tag}(p, i)``; with ``words``, ``ldw{width}_{tag}`` (16-bit ``tag``): the load left as moved,
+    :func:`_as_words` (module docstring)."""
     @intrinsic
     def ld(typingctx, ptr, idx):
         if not isinstance(ptr, types.CPointer) or not isinstance(idx, types.Integer):
             return None
-        ret = float32 if width == 1 else types.UniTuple(float32, width)
+        ret = _words_type(width) if words else float32 if width == 1 else types.UniTuple(float32, width)
         sig = ret(ptr, idx)
 
         def codegen(context, builder, signature, args):
             p, i = args
             i = context.cast(builder, i, signature.args[1], int64)
-            return _as_floats(context, builder, signature, tag, width, _load_raw(builder, p, i, tag, width, hint))
+            raw = _load_raw(builder, p, i, tag, width, hint)
+            if words:
+                return _as_words(context, builder, signature, width, raw)
+            return _as_floats(context, builder, signature, tag, width, raw)
 
         return sig, codegen
 
-    ld.__name__ = f"ld{width}_{tag}" + (f"_{hint}" if hint else "")
+    ld.__name__ = f"ld{'w' if words else ''}{width}_{tag}" + (f"_{hint}" if hint else "")
     return ld
 
 
-def _make_masked_load(tag, width, hint=""):
+def _make_masked_load(tag, width, hint="", words=False):
     """``ldm{width}_{tag}(p, i, ok)``: the load of ``ld{width}_{tag}`` when ``ok``, else zeros. The condition
     becomes an LLVM branch (predicated load), not a Numba basic block: generated kernels stay straight-line
-    code, which Numba types and lowers much faster."""
+    code, which Numba types and lowers much faster. With ``words``, ``ldwm{width}_{tag}``: the words of
+    ``ldw{width}_{tag}``, zero words unless ``ok``."""
     @intrinsic
     def ldm(typingctx, ptr, idx, ok):
         if not isinstance(ptr, types.CPointer) or not isinstance(idx, types.Integer):
             return None
-        ret = float32 if width == 1 else types.UniTuple(float32, width)
+        ret = _words_type(width) if words else float32 if width == 1 else types.UniTuple(float32, width)
         sig = ret(ptr, idx, ok)
 
         def codegen(context, builder, signature, args):
@@ -217,64 +236,23 @@ def _make_masked_load(tag, width, hint=""):
             c = context.cast(builder, c, signature.args[2], types.boolean)
             # The merge with zeros: hinted 16-bit loads merge as words (as 16-bit lanes their inline-asm results
             # took 2 registers per word); plain ones as 16-bit lanes, which NVVM already keeps in words.
-            merge_t = _raw_type(tag, width) if hint or tag == "f32" or width == 1 else ir.VectorType(_i16, width)
+            plain16 = not (hint or words or tag == "f32" or width == 1)
+            merge_t = ir.VectorType(_i16, width) if plain16 else _raw_type(tag, width)
             slot = cgutils.alloca_once_value(builder, ir.Constant(merge_t, None))
             with builder.if_then(c, likely=True):
                 builder.store(builder.bitcast(_load_raw(builder, p, i, tag, width, hint), merge_t), slot)
+            if words:
+                return _as_words(context, builder, signature, width, builder.load(slot))
             return _as_floats(context, builder, signature, tag, width, builder.load(slot))
 
         return sig, codegen
 
-    ldm.__name__ = f"ldm{width}_{tag}" + (f"_{hint}" if hint else "")
+    ldm.__name__ = f"ld{'w' if words else ''}m{width}_{tag}" + (f"_{hint}" if hint else "")
     return ldm
 
 
-def _words_type(width):
-    return types.UniTuple(types.uint32, max(width // 2, 1))
-
-
-def _as_words(context, builder, signature, width, raw):
-    """A 16-bit raw access (:func:`_raw_type`) as the UniTuple of uint32 words of :func:`_words_type`."""
-    if width == 1:
-        return context.make_tuple(builder, signature.return_type, [builder.zext(raw, _i32)])
-    words = [builder.extract_element(raw, ir.Constant(_i32, k)) for k in range(width // 2)]
-    return context.make_tuple(builder, signature.return_type, words)
-
-
-def _make_word_load(tag, width, masked):
-    """``ldw{width}_{tag}(p, i)`` / ``ldwm{width}_{tag}(p, i, ok)``: 16-bit loads kept as uint32 words (module
-    docstring); the masked form gives zero words unless ``ok`` (a predicated load, as ``ldm``)."""
-    def typer(typingctx, ptr, idx, *ok):
-        if not isinstance(ptr, types.CPointer) or not isinstance(idx, types.Integer):
-            return None
-        sig = _words_type(width)(ptr, idx, *ok)
-
-        def codegen(context, builder, signature, args):
-            p, i = args[0], context.cast(builder, args[1], signature.args[1], int64)
-            if not masked:
-                return _as_words(context, builder, signature, width, _load_raw(builder, p, i, tag, width))
-            c = context.cast(builder, args[2], signature.args[2], types.boolean)
-            slot = cgutils.alloca_once_value(builder, ir.Constant(_raw_type(tag, width), None))
-            with builder.if_then(c, likely=True):
-                builder.store(_load_raw(builder, p, i, tag, width), slot)
-            return _as_words(context, builder, signature, width, builder.load(slot))
-
-        return sig, codegen
-
-    if masked:
-        def ldwm(typingctx, ptr, idx, ok):
-            return typer(typingctx, ptr, idx, ok)
-        fn = ldwm
-    else:
-        def ldw(typingctx, ptr, idx):
-            return typer(typingctx, ptr, idx)
-        fn = ldw
-    fn.__name__ = f"ldw{'m' if masked else ''}{width}_{tag}"
-    return intrinsic(fn)
-
-
 def _make_word_convert(tag, width):
-    """``cvw{width}_{tag}(words)``: the float32 values (a float32 for width 1) of :func:`_make_word_load`'s words."""
+    """``cvw{width}_{tag}(words)``: the float32 values (a float32 for width 1) of ``ldw{width}_{tag}``'s words."""
     @intrinsic
     def cvw(typingctx, words):
         if not isinstance(words, types.UniTuple) or words.count != max(width // 2, 1):
@@ -574,8 +552,8 @@ def namespace() -> dict:
             ns[f"ldm{w}_{tag}"] = _make_masked_load(tag, w)
             ns[f"stm{w}_{tag}"] = _make_masked_store(tag, w)
             if tag != "f32":
-                ns[f"ldw{w}_{tag}"] = _make_word_load(tag, w, False)
-                ns[f"ldwm{w}_{tag}"] = _make_word_load(tag, w, True)
+                ns[f"ldw{w}_{tag}"] = _make_load(tag, w, words=True)
+                ns[f"ldwm{w}_{tag}"] = _make_masked_load(tag, w, words=True)
                 ns[f"cvw{w}_{tag}"] = _make_word_convert(tag, w)
             for h in HINTS:
                 ns[f"ld{w}_{tag}_{h}"] = _make_load(tag, w, h)
