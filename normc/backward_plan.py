@@ -98,12 +98,17 @@ FUSED_BOUND_MAX_SPILL = 0
 # CTAs per SM, and where ptxas would spill under it the runtime plans again without prefetch. ptxas through
 # nvJitLink (sm_90), registers without -> with, unbounded: instance norm NCHW float32 (256, 128, 28, 28)
 # 83 -> 126, layer norm bfloat16 16384 x 8192 121 -> 128, x 4096 119 -> 150 (127 under the bound of 2 CTAs
-# per SM), RMS bfloat16 x 8192 95 -> 124. Measured on the H200 (tests/gpu_backward_ab.py, 2026-12-03, one
-# run), backward us, without / with: layer norm bfloat16 16384 x 8192 299.7 / 234.7, x 4096 147.9 / 129.1;
-# instance norm NCHW float32 (256, 128, 28, 28) 85.9 / 85.1; float16 51.0 (3 CTAs per SM) / 51.3 (prefetch
-# at 2 per SM; at 3 per SM it spills). Off by default until every fused anchor row has been measured with it
-# and the bench re-run (its fallback when the prefetching kernel spills was added after that run).
-FUSED_PREFETCH = False
+# per SM), RMS bfloat16 x 8192 95 -> 124. It is planned only where it pays, measured on the H200
+# (tests/gpu_backward_ab.py, 2026-12-03, backward us, without / with, the runtime's plans):
+# - the row sums cross warps (more than 32 lanes a row: shared memory and barriers, during which one warp has
+#   nothing else to load) and at most FUSED_THREADS_PER_SM threads a SM: layer norm float32 10000 x 10000
+#   468.2 / 374.8; bfloat16 16384 x 1024 42.2 / 37.7, x 4096 146.7 / 128.5, x 8192 299.2 / 234.3; RMS
+#   bfloat16 x 8192 266.2 / 215.8; instance norm NCHW float32 (256, 128, 28, 28) 87.2 / 85.2;
+# - not at 3 CTAs per SM (768 threads: enough warps to hide the latency): RMS bfloat16 16384 x 4096 119.6 /
+#   127.9; instance norm float16 (256, 128, 28, 28) 51.0 / 51.3 (then prefetching at 2 per SM);
+# - not with a row's lanes within one warp (no barriers): layer norm float32 10000000 x 10 (one lane a row)
+#   329.7 / 432.6.
+FUSED_PREFETCH = True
 # Fused dx kernel over a thread-block cluster (sm_90+), for rows longer than one CTA holds: each of the C CTAs
 # of a cluster holds a slice of the row (MAX_PERSISTENT_THREADS lanes x up to FUSED_CLUSTER_MAX_VALUES values
 # each), the row sums are added over the cluster through distributed shared memory, and x and dy are still
@@ -751,7 +756,10 @@ def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_clus
     ctas_bound = cps if cps * threads > FUSED_THREADS_PER_SM else 0  # more CTAs than fit at 128 registers
     grid = min(groups, max(1, cps * sms // cluster)) * cluster
     gpc = -(-groups // (grid // cluster))
-    prefetch = bool(FUSED_PREFETCH) and prefetch and bound and gpc > 1
+    # where it pays (see FUSED_PREFETCH): a CTA has a next row, the row sums cross warps (or CTAs of a
+    # cluster), at most FUSED_THREADS_PER_SM threads a SM
+    prefetch = (bool(FUSED_PREFETCH) and prefetch and bound and gpc > 1 and (tpr > 32 or cluster > 1)
+                and cps * threads <= FUSED_THREADS_PER_SM)
     if prefetch:  # under a bound of the planned CTAs per SM: where ptxas would spill, the runtime plans again
         ctas_bound = max(ctas_bound, cps)  # without prefetch (then, if that spills too, without the bound)
     red = [a for a in p.axes if a.reduced]

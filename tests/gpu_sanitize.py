@@ -78,6 +78,11 @@ CASES = [
     # fused backward with 16-bit x under the launch bound of 3 CTAs per SM
     ("fused-bound-instance-f16", "n c h w : norm over h w ; scale c ; shift c", {}, (64, 32, 28, 28), None,
      "float16", None),
+    # fused backward that prefetches the next row's x and dy (FusedPlan.prefetch): float32 instance norm at 2 CTAs
+    # per SM with masked rows (783 values), 16-bit layer norm kept as words, a masked row of 4000 at 1 CTA per SM
+    ("fused-prefetch-instance", "n c h w : norm over h w ; scale c ; shift c", {}, (64, 32, 27, 29), None,
+     "float32", None),
+    ("fused-prefetch-ln-bf16", "t d : norm over d ; scale d ; shift d", {}, (600, 4000), None, "bfloat16", None),
 ]
 TOL = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
 
@@ -130,6 +135,9 @@ def run_cases() -> int:
             # the backward kernels of the same spec (dx, dscale, dshift) on the same input
             berr = backward_error(spec, f, x, sc, sh, mean, rstd, g)
             ok = ok and berr <= 10 * TOL[dtype]
+            bplan = next(iter(f._normc_backward.values())).plan
+            if want == ["fused", "prefetch"]:  # the backward plan that ran prefetches (it would not where it spills)
+                ok = ok and bplan.fused is not None and bplan.fused.prefetch
             print(f"CASE {name:26s} {plan.strategy}/{plan.schedule} vec={plan.vec} splits={plan.splits} "
                   f"cluster={plan.cluster} kernels={len(f._table[next(iter(f._table))].kernels)} err={err:.1e} "
                   f"backward_err={berr:.1e} {'ok' if ok else 'FAIL'}",

@@ -453,12 +453,13 @@ def test_fused_cluster(spec, shape, perm, dtype, lanes, monkeypatch):
 
 # FUSED_PREFETCH: each trip of a CTA's row loop first issues the next row's loads (16-bit x and dy kept as
 # 32-bit words, converted after the row's barriers); the gradients match the float64 reference (run_bwd) with
-# ragged row groups, the lane and the row route, 16-bit vectors of 8 and 4 and scalars, and a cluster
+# ragged row groups, the lane and the row route, 16-bit vectors of 8 and 4 and scalars, and a cluster. Rows of
+# more than 32 lanes (it is planned only where the row sums cross warps)
 @pytest.mark.parametrize("spec,shape,dtype,schedule", [
-    (LN, (2100, 12), "float32", None),  # 256 rows per CTA at a time, ragged
-    (LN, (150, 128), "bfloat16", None),  # vectors of 8, lane route, ragged
-    (RMS, (300, 100), "bfloat16", None),  # vectors of 4, masked lanes
-    (IN2, (48, 3, 5, 7), "float16", None),  # row route, scalar 16-bit values (35 a row)
+    (LN, (70, 600), "float32", None),  # 64 lanes x 3 x 4 (masked), 4 rows per CTA, 18 groups over 4 CTAs
+    (LN, (30, 1024), "bfloat16", None),  # vectors of 8, lane route, ragged
+    (RMS, (40, 1100), "bfloat16", None),  # vectors of 4, masked lanes
+    (IN2, (16, 3, 23, 25), "float16", None),  # row route, scalar 16-bit values (575 a row)
     (LN, (20, 200), "float32", "cluster"),  # two CTAs per row
 ], ids=["ln-f32-ragged", "ln-bf16", "rms-bf16-vec4", "in2-f16-scalar", "ln-cluster"])
 def test_fused_prefetch(spec, shape, dtype, schedule, monkeypatch):
@@ -640,6 +641,16 @@ def _anchor_backward_plans(rows=None):
     return [(i, table[i], precompile_plans(table[i], "backward")[1]) for i in (rows or range(len(table)))]
 
 
+def test_anchor_rows_that_prefetch():
+    # FUSED_PREFETCH: the fused anchor rows whose prefetching dx kernel fits its launch bound without spilling
+    # (ptxas, sm_90, through the bench's precompile, as the runtime plans; 39 over a cluster of 2). Not planned:
+    # 16-bit rows at 3 CTAs per SM (2, 46, 48), rows of at most 32 lanes (41, 42), one row group a CTA (17).
+    # Planned, but the kernel would spill and the runtime runs the one without: float32 instance norm over
+    # clusters (14, 33, 35, 61, 63: 28-32 values a thread), layer norm float32 100000 x 1000 (40)
+    got = {i for i, _, bp in _anchor_backward_plans() if bp.fused is not None and bp.fused.prefetch}
+    assert got == {0, 39, 45, 47, 49, 50}
+
+
 def test_anchor_rows_read_x_and_dy_twice():
     # every anchor row whose parameters are constant along the rows (instance norm in any layout, batch norm)
     # and that is not fused now reads x and dy twice (dx's two passes); so does layer norm too long for
@@ -709,11 +720,13 @@ _LN3 = "b t d : norm over d ; scale d ; shift d"
 ], ids=["in-f16", "in-f16-64", "in-f16-masked", "in1-bf16", "in3-bf16", "rms-bf16-1024", "rms-f16-64",
         "rms-tall-bf16", "ln-noaffine-bf16", "rms-bf16-masked-dropped", "rms-bf16-8192", "ln-bf16-1024", "ln-tall-bf16",
         "in-f32"])
-def test_fused_launch_bound_holds(spec, shape, dtype, bound):
+def test_fused_launch_bound_holds(spec, shape, dtype, bound, monkeypatch):
     from normc.lowering import assemble, lower_backward
 
     from normc.runtime.backward import bound_kept
 
+    # the bound alone: the prefetch (which takes more registers under the same bound) has its own tests
+    monkeypatch.setattr("normc.backward_plan.FUSED_PREFETCH", False)
     plan = plan_backward(spec, shape, dtype)
     fz = plan.fused
     assert fz.min_ctas == abs(bound) and fz.grid <= min(fz.groups, (abs(bound) or 2) * plan.sms)
@@ -726,25 +739,20 @@ def test_fused_launch_bound_holds(spec, shape, dtype, bound):
         assert bound_kept(plan, (9, 0)) == (bound > 0)
 
 
-@pytest.mark.parametrize("prefetch", [False, True], ids=["default", "prefetch"])
 @pytest.mark.parametrize("spec,shape,dtype,planned,runs", [
-    (RMS_TEXT, (16384, 2000), "bfloat16", 3, 0),  # the bound spills: planned again for 2 CTAs per SM
-    (IN2, (256, 128, 28, 28), "float16", 3, 3),  # the bound holds without the prefetch
-    (LN, (16384, 8192), "bfloat16", 0, 0),  # no bound (1 CTA of 512 per SM), unless it prefetches: it holds
-], ids=["rms-2000-dropped", "in-f16", "ln-8192"])
-def test_plan_backward_fit_bounds_gives_the_plan_that_runs(spec, shape, dtype, planned, runs, prefetch,
-                                                           monkeypatch):
+    (RMS_TEXT, (16384, 2000), "bfloat16", (3, False), (0, False)),  # the bound spills: 2 CTAs per SM, no bound
+    (IN2, (256, 128, 28, 28), "float16", (3, False), (3, False)),  # the bound of 3 CTAs per SM holds
+    (LN, (16384, 8192), "bfloat16", (1, True), (1, True)),  # 1 CTA of 512 per SM: the prefetch fits its bound
+    (IN3, (2, 128, 32, 32, 32), "float32", (1, True), (0, False)),  # 32 values a thread: the prefetch spills
+], ids=["rms-2000-dropped", "in-f16", "ln-8192-prefetch", "in3-f32-prefetch-dropped"])
+def test_plan_backward_fit_bounds_gives_the_plan_that_runs(spec, shape, dtype, planned, runs):
     # plan_backward(fit_bounds=True) (normc plan/ptx --backward, the bench's precompile) compiles the fused
-    # kernel and plans again as the runtime does (fitting_plan): without the prefetch, then without the bound
-    monkeypatch.setattr("normc.backward_plan.FUSED_PREFETCH", prefetch)
+    # kernel and plans again as the runtime does (fitting_plan): without the prefetch, then without the bound.
+    # planned / runs: (CTAs per SM under the launch bound, 0 for none; whether it prefetches)
     first = plan_backward(spec, shape, dtype).fused
     fit = plan_backward(spec, shape, dtype, fit_bounds=True).fused
-    assert first.prefetch == prefetch
-    if prefetch and shape == (16384, 8192):  # 512 threads a CTA: its prefetch fits the bound of 1 CTA per SM
-        assert (first.min_ctas, fit.min_ctas, fit.prefetch) == (1, 1, True)
-        return
-    assert first.min_ctas == planned and (fit.min_ctas, fit.prefetch) == (runs, False)
-    assert fit.grid == min(fit.groups, max(runs, 512 // fit.threads) * 132)
+    assert (first.min_ctas, first.prefetch) == planned and (fit.min_ctas, fit.prefetch) == runs
+    assert fit.grid == min(fit.groups, max(runs[0], 512 // fit.threads) * 132)
 
 
 # the column kernels of layer/RMS anchor rows too long for the fused kernel: no spills, and the launch bound
@@ -989,28 +997,24 @@ def test_runtime_replans_fused_grid_when_the_bound_is_dropped(kept, monkeypatch)
         assert (fz.min_ctas, fz.grid) == (0, 2 * 132) and tried == [3, 0]
 
 
-@pytest.mark.parametrize("spills", [(), ("prefetch",), ("prefetch", "bound")], ids=["fits", "prefetch-spills",
-                                                                                  "both-spill"])
-def test_runtime_drops_the_prefetch_before_the_bound(spills, monkeypatch):
-    """With FUSED_PREFETCH, anchor row 2 (instance norm float16, fused) is planned to prefetch at 3 CTAs per SM
-    under a launch bound. When its kernel would spill under the bound (faked: no GPU), the runtime plans again
-    without the prefetch, still at 3 per SM; when that spills too, for 2 per SM without a bound."""
-    monkeypatch.setattr("normc.backward_plan.FUSED_PREFETCH", True)
-
+@pytest.mark.parametrize("spills", [False, True], ids=["fits", "prefetch-spills"])
+def test_runtime_drops_the_prefetch_where_it_spills(spills, monkeypatch):
+    """Anchor row 0 (instance norm float32, fused) is planned to prefetch at 2 CTAs per SM under a launch bound
+    of 2. When that kernel would spill under the bound (faked: no GPU), the runtime plans again without the
+    prefetch: 2 CTAs per SM fit 128 registers without a bound."""
     tried = []
 
     def kernels(plan, cc):
         fz = plan.fused
         tried.append((fz.prefetch, fz.min_ctas))
-        spill = ("prefetch" if fz.prefetch else "bound") in spills
-        return [{"ptx": "" if spill or not fz.min_ctas else ".minnctapersm 3", "cubin": None, "entry": "e",
+        spill = spills and fz.prefetch
+        return [{"ptx": "" if spill or not fz.min_ctas else ".minnctapersm 2", "cubin": None, "entry": "e",
                  "grid": 1, "block": 32}]
 
-    fz = _build_anchor_on_fake_gpu(2, monkeypatch, _AnyClusterFits, kernels).plan.fused
-    want = {(): [(True, 3)], ("prefetch",): [(True, 3), (False, 3)],
-            ("prefetch", "bound"): [(True, 3), (False, 3), (False, 0)]}[spills]
+    fz = _build_anchor_on_fake_gpu(0, monkeypatch, _AnyClusterFits, kernels).plan.fused
+    want = [(True, 2), (False, 0)] if spills else [(True, 2)]
     assert tried[:len(want)] == want and set(tried[len(want):]) <= {want[-1]}
-    assert (fz.prefetch, fz.min_ctas) == want[-1] and fz.grid == (2 if want[-1][1] == 0 else 3) * 132
+    assert (fz.prefetch, fz.min_ctas) == want[-1] and fz.grid == 2 * 132
 
 
 def test_load_fitting_clusters_halves_until_they_fit(monkeypatch):
