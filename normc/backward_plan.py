@@ -65,6 +65,13 @@ FORCED_SPLITS = 2
 # parameter partials per element: 4 x 16 float32 registers of data, which leaves room for addressing under the
 # 128 registers a 512-thread CTA allows).
 FUSED_MAX_VALUES = 16
+# ... except that a row without lane-route outputs (instance norm: its parameter gradients come from per-row
+# sums) that one warp holds at up to this many values a thread gets one warp: its row sums are warp shuffles,
+# with no shared memory or barrier, and the 8 warps of a CTA run their rows independently (xhat and dy: 64
+# float32 registers of data). Measured on the H200 (tests/gpu_backward_ab.py, 2026-12-03, backward us, 2 warps
+# a row / 1): instance norm NCHW float16 (256, 128, 28, 28) 51.4 (3 CTAs per SM) / 46.5 (2 per SM, 108
+# registers); float32 85.6 (prefetching) / 85.4-85.8.
+FUSED_WARP_MAX_VALUES = 32
 # Fused dx kernel: threads per SM the grid aims for (CTAs per SM = this / threads: 2 x 256 or 1 x 512, what
 # fits at up to 128 registers per thread), each CTA looping over many rows; lowered one CTA per SM at a time
 # (down to 1) while the parameter partials would exceed 1/FUSED_PARTIAL_FRACTION of the kernel's own traffic.
@@ -103,7 +110,8 @@ FUSED_BOUND_MAX_SPILL = 0
 # - the row sums cross warps (more than 32 lanes a row: shared memory and barriers, during which one warp has
 #   nothing else to load) and at most FUSED_THREADS_PER_SM threads a SM: layer norm float32 10000 x 10000
 #   468.2 / 374.8; bfloat16 16384 x 1024 42.2 / 37.7, x 4096 146.7 / 128.5, x 8192 299.2 / 234.3; RMS
-#   bfloat16 x 8192 266.2 / 215.8; instance norm NCHW float32 (256, 128, 28, 28) 87.2 / 85.2;
+#   bfloat16 x 8192 266.2 / 215.8; instance norm NCHW float32 (256, 128, 28, 28) 87.2 / 85.2 (planned with
+#   two warps a row then; now one, FUSED_WARP_MAX_VALUES);
 # - not at 3 CTAs per SM (768 threads: enough warps to hide the latency): RMS bfloat16 16384 x 4096 119.6 /
 #   127.9; instance norm float16 (256, 128, 28, 28) 51.0 / 51.3 (then prefetching at 2 per SM);
 # - not with a row's lanes within one warp (no barriers): layer norm float32 10000000 x 10 (one lane a row)
@@ -700,6 +708,12 @@ def _dense_kept(kep, tensor):
     return True
 
 
+def _cta_values(tpr, lane):
+    """Values of a row a thread of a one-CTA fused dx kernel may hold with ``tpr`` lanes a row and the
+    lane-route outputs ``lane`` (FUSED_MAX_VALUES; FUSED_WARP_MAX_VALUES for a row in one warp without them)."""
+    return FUSED_WARP_MAX_VALUES if not lane and tpr <= 32 else FUSED_MAX_VALUES
+
+
 def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_cluster=None, force_cluster=False,
                 bound=True, prefetch=True):
     """The :class:`FusedPlan` for dx (inner strategy) when a row fits in the registers of one CTA or of a
@@ -729,16 +743,18 @@ def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_clus
         tpr = 1
         while tpr < MAX_PERSISTENT_THREADS and -(-nc // tpr) * V > FUSED_MAX_VALUES:
             tpr *= 2
+        if not lane and tpr > 32 and -(-nc // 32) * V <= FUSED_WARP_MAX_VALUES:  # one warp a row (see there)
+            tpr = 32
         # few rows: more lanes per row (fewer rows per CTA) until the row groups cover the SMs
         while tpr < MAX_PERSISTENT_THREADS and tpr < nc and -(-dx.keys * tpr // max(tpr, CTA_THREADS)) < sms:
             tpr *= 2
-        if -(-nc // tpr) * V > FUSED_MAX_VALUES:
+        if -(-nc // tpr) * V > _cta_values(tpr, lane):
             for C in csizes:
                 if -(-nc // (C * MAX_PERSISTENT_THREADS)) * V <= climit:
                     tpr, cluster = MAX_PERSISTENT_THREADS, C
                     break
     per = -(-nc // (cluster * tpr))
-    if per * V > (climit if cluster > 1 else FUSED_MAX_VALUES):
+    if per * V > (climit if cluster > 1 else _cta_values(tpr, lane)):
         why.append(f"dx: row of {p.reduced} exceeds {MAX_PERSISTENT_THREADS} threads x {FUSED_MAX_VALUES} values"
                    + (f" and a cluster of {csizes[-1]} CTAs x {climit} values" if csizes else "")
                    + ": general (two-pass) path")
@@ -748,7 +764,8 @@ def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_clus
     keys = dx.keys
     groups = -(-keys // rpc)
     cps = max(1, FUSED_THREADS_PER_SM // threads)
-    if bound and cluster == 1 and dbytes["x"] <= FUSED_BOUND_ITEMSIZE and len(lane) <= 1:
+    if (bound and cluster == 1 and dbytes["x"] <= FUSED_BOUND_ITEMSIZE and len(lane) <= 1
+            and per * V <= FUSED_MAX_VALUES):  # more values than that do not fit the bound's 80 registers
         cps = max(cps, FUSED_BOUND_THREADS_PER_SM // threads)
     traffic = p.kept * p.reduced * (2 * dbytes["x"] + dbytes["out"])
     while cps > 1 and len(lane) * cps * sms * p.reduced * 4 * FUSED_PARTIAL_FRACTION > traffic:

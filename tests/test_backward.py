@@ -459,7 +459,7 @@ def test_fused_cluster(spec, shape, perm, dtype, lanes, monkeypatch):
     (LN, (70, 600), "float32", None),  # 64 lanes x 3 x 4 (masked), 4 rows per CTA, 18 groups over 4 CTAs
     (LN, (30, 1024), "bfloat16", None),  # vectors of 8, lane route, ragged
     (RMS, (40, 1100), "bfloat16", None),  # vectors of 4, masked lanes
-    (IN2, (16, 3, 23, 25), "float16", None),  # row route, scalar 16-bit values (575 a row)
+    (IN2, (16, 3, 33, 35), "float16", None),  # row route, scalar 16-bit values (1155 a row, 128 lanes)
     (LN, (20, 200), "float32", "cluster"),  # two CTAs per row
 ], ids=["ln-f32-ragged", "ln-bf16", "rms-bf16-vec4", "in2-f16-scalar", "ln-cluster"])
 def test_fused_prefetch(spec, shape, dtype, schedule, monkeypatch):
@@ -644,11 +644,12 @@ def _anchor_backward_plans(rows=None):
 def test_anchor_rows_that_prefetch():
     # FUSED_PREFETCH: the fused anchor rows whose prefetching dx kernel fits its launch bound without spilling
     # (ptxas, sm_90, through the bench's precompile, as the runtime plans; 39 over a cluster of 2). Not planned:
-    # 16-bit rows at 3 CTAs per SM (2, 46, 48), rows of at most 32 lanes (41, 42), one row group a CTA (17).
+    # 16-bit rows at 3 CTAs per SM (46, 48), rows of at most 32 lanes (one warp: instance norm 0 and 2,
+    # FUSED_WARP_MAX_VALUES; layer norm 41, 42), one row group a CTA (17).
     # Planned, but the kernel would spill and the runtime runs the one without: float32 instance norm over
     # clusters (14, 33, 35, 61, 63: 28-32 values a thread), layer norm float32 100000 x 1000 (40)
     got = {i for i, _, bp in _anchor_backward_plans() if bp.fused is not None and bp.fused.prefetch}
-    assert got == {0, 39, 45, 47, 49, 50}
+    assert got == {39, 45, 47, 49, 50}
 
 
 def test_anchor_rows_read_x_and_dy_twice():
@@ -703,7 +704,7 @@ _LN3 = "b t d : norm over d ; scale d ; shift d"
 
 
 @pytest.mark.parametrize("spec,shape,dtype,bound", [
-    (IN2, (256, 128, 28, 28), "float16", 3),
+    (IN2, (256, 128, 28, 28), "float16", 0),  # one warp a row (FUSED_WARP_MAX_VALUES), 32 values: no bound
     (IN2, (32, 128, 64, 64), "float16", 3),
     (IN2, (16, 64, 45, 45), "float16", 3),
     (IN1, (64, 128, 4096), "bfloat16", 3),
@@ -711,7 +712,7 @@ _LN3 = "b t d : norm over d ; scale d ; shift d"
     (RMS_TEXT, (16384, 1024), "bfloat16", 3),
     (RMS_TEXT, (16384, 64), "float16", 3),
     (_RMS3, (1, 1048576, 128), "bfloat16", 3),
-    ("t d : norm over d", (16384, 1024), "bfloat16", 3),
+    ("t d : norm over d", (16384, 1024), "bfloat16", 0),  # no lane outputs: one warp a row, as in-f16
     (RMS_TEXT, (16384, 2000), "bfloat16", -3),
     (RMS_TEXT, (16384, 8192), "bfloat16", 0),
     (LN, (16384, 1024), "bfloat16", 0),
@@ -741,10 +742,10 @@ def test_fused_launch_bound_holds(spec, shape, dtype, bound, monkeypatch):
 
 @pytest.mark.parametrize("spec,shape,dtype,planned,runs", [
     (RMS_TEXT, (16384, 2000), "bfloat16", (3, False), (0, False)),  # the bound spills: 2 CTAs per SM, no bound
-    (IN2, (256, 128, 28, 28), "float16", (3, False), (3, False)),  # the bound of 3 CTAs per SM holds
+    (RMS_TEXT, (16384, 1024), "bfloat16", (3, False), (3, False)),  # the bound of 3 CTAs per SM holds
     (LN, (16384, 8192), "bfloat16", (1, True), (1, True)),  # 1 CTA of 512 per SM: the prefetch fits its bound
     (IN3, (2, 128, 32, 32, 32), "float32", (1, True), (0, False)),  # 32 values a thread: the prefetch spills
-], ids=["rms-2000-dropped", "in-f16", "ln-8192-prefetch", "in3-f32-prefetch-dropped"])
+], ids=["rms-2000-dropped", "rms-1024", "ln-8192-prefetch", "in3-f32-prefetch-dropped"])
 def test_plan_backward_fit_bounds_gives_the_plan_that_runs(spec, shape, dtype, planned, runs):
     # plan_backward(fit_bounds=True) (normc plan/ptx --backward, the bench's precompile) compiles the fused
     # kernel and plans again as the runtime does (fitting_plan): without the prefetch, then without the bound.
@@ -980,8 +981,9 @@ class _AnyClusterFits:
 
 @pytest.mark.parametrize("kept", [True, False], ids=["bound-kept", "bound-dropped"])
 def test_runtime_replans_fused_grid_when_the_bound_is_dropped(kept, monkeypatch):
-    """Anchor row 2 (instance norm float16, fused) is planned for 3 CTAs per SM under a launch bound; when the
-    compiled kernel lacks the bound (ptxas would spill: faked here, no GPU), the runtime plans it again for 2."""
+    """Anchor row 46 (RMS norm bfloat16 16384 x 1024, fused) is planned for 3 CTAs per SM under a launch bound;
+    when the compiled kernel lacks the bound (ptxas would spill: faked here, no GPU), the runtime plans it again
+    for 2."""
 
     tried = []
 
@@ -990,7 +992,7 @@ def test_runtime_replans_fused_grid_when_the_bound_is_dropped(kept, monkeypatch)
         ptx = ".minnctapersm 3" if kept and plan.fused.min_ctas else ""
         return [{"ptx": ptx, "cubin": None, "entry": "e", "grid": 1, "block": 32}]
 
-    fz = _build_anchor_on_fake_gpu(2, monkeypatch, _AnyClusterFits, kernels).plan.fused
+    fz = _build_anchor_on_fake_gpu(46, monkeypatch, _AnyClusterFits, kernels).plan.fused
     if kept:
         assert (fz.min_ctas, fz.grid) == (3, 3 * 132) and tried == [3, 3]
     else:
@@ -999,9 +1001,9 @@ def test_runtime_replans_fused_grid_when_the_bound_is_dropped(kept, monkeypatch)
 
 @pytest.mark.parametrize("spills", [False, True], ids=["fits", "prefetch-spills"])
 def test_runtime_drops_the_prefetch_where_it_spills(spills, monkeypatch):
-    """Anchor row 0 (instance norm float32, fused) is planned to prefetch at 2 CTAs per SM under a launch bound
-    of 2. When that kernel would spill under the bound (faked: no GPU), the runtime plans again without the
-    prefetch: 2 CTAs per SM fit 128 registers without a bound."""
+    """Anchor row 47 (layer norm bfloat16 16384 x 4096, fused) is planned to prefetch at 2 CTAs per SM under a
+    launch bound of 2. When that kernel would spill under the bound (faked: no GPU), the runtime plans again
+    without the prefetch: 2 CTAs per SM fit 128 registers without a bound."""
     tried = []
 
     def kernels(plan, cc):
@@ -1011,7 +1013,7 @@ def test_runtime_drops_the_prefetch_where_it_spills(spills, monkeypatch):
         return [{"ptx": "" if spill or not fz.min_ctas else ".minnctapersm 2", "cubin": None, "entry": "e",
                  "grid": 1, "block": 32}]
 
-    fz = _build_anchor_on_fake_gpu(0, monkeypatch, _AnyClusterFits, kernels).plan.fused
+    fz = _build_anchor_on_fake_gpu(47, monkeypatch, _AnyClusterFits, kernels).plan.fused
     want = [(True, 2), (False, 0)] if spills else [(True, 2)]
     assert tried[:len(want)] == want and set(tried[len(want):]) <= {want[-1]}
     assert (fz.prefetch, fz.min_ctas) == want[-1] and fz.grid == 2 * 132
