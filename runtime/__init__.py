@@ -24,13 +24,14 @@ _gpu = None
 
 
 def gpu_available() -> bool:
-    """Whether a CUDA GPU and driver are usable (checked once)."""
+    """Whether a CUDA GPU and driver are usable (checked once). False under NUMBA_ENABLE_CUDASIM=1, where Numba's
+    cuda.is_available() answers True for its simulator: normc then runs on the simulator as without a GPU."""
     global _gpu
     if _gpu is None:
         try:
-            from numba import cuda
+            from numba import config, cuda
 
-            _gpu = bool(cuda.is_available())
+            _gpu = bool(cuda.is_available()) and not getattr(config, "ENABLE_CUDASIM", False)
         except Exception:
             _gpu = False
     return _gpu
