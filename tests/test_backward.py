@@ -643,13 +643,12 @@ def _anchor_backward_plans(rows=None):
 
 def test_anchor_rows_that_prefetch():
     # FUSED_PREFETCH: the fused anchor rows whose prefetching dx kernel fits its launch bound without spilling
-    # (ptxas, sm_90, through the bench's precompile, as the runtime plans; 39 over a cluster of 2). Not planned:
-    # 16-bit rows at 3 CTAs per SM (46, 48), rows of at most 32 lanes (one warp: instance norm 0 and 2,
-    # FUSED_WARP_MAX_VALUES; layer norm 41, 42), one row group a CTA (17).
-    # Planned, but the kernel would spill and the runtime runs the one without: float32 instance norm over
+    # (ptxas, sm_90, through the bench's precompile, as the runtime plans; 39, 51, 52 over a cluster of 2). Not
+    # planned: 16-bit rows at 3 CTAs per SM (46, 48), rows of at most 32 lanes (one warp: instance norm 0 and 2,
+    # FUSED_WARP_MAX_VALUES; layer norm 41, 42), one row group a CTA (17). Planned, but the kernel would spill and the runtime runs the one without: float32 instance norm over
     # clusters (14, 33, 35, 61, 63: 28-32 values a thread), layer norm float32 100000 x 1000 (40)
     got = {i for i, _, bp in _anchor_backward_plans() if bp.fused is not None and bp.fused.prefetch}
-    assert got == {39, 45, 47, 49, 50}
+    assert got == {39, 45, 47, 49, 50, 51, 52}
 
 
 def test_anchor_rows_read_x_and_dy_twice():
@@ -758,8 +757,9 @@ def test_plan_backward_fit_bounds_gives_the_plan_that_runs(spec, shape, dtype, p
 
 # the column kernels of layer/RMS anchor rows too long for the fused kernel: no spills, and the launch bound
 # of two 256-thread CTAs per SM kept (at most 128 registers). Not 4 x 10000001 (row 44): 16 scalar slots per
-# thread take 219 registers, the bound would spill and is dropped (one CTA per SM)
-@pytest.mark.parametrize("row", [36, 38, 43, 51, 52])
+# thread take 219 registers, the bound would spill and is dropped (one CTA per SM). Not 16384^2 bfloat16 (rows
+# 51, 52): past FUSED_CLUSTER_16BIT_MIN_BYTES they take the fused kernel over a cluster (next test)
+@pytest.mark.parametrize("row", [36, 38, 43])
 def test_anchor_column_kernels_assemble_without_spills(row):
     from normc.lowering import assemble, lower_backward
 
@@ -774,8 +774,9 @@ def test_anchor_column_kernels_assemble_without_spills(row):
 
 # the float32 anchor rows that take the fused kernel over a cluster (NCDHW / NCHW instance norm: row route;
 # layer norm 10000 x 10000: lane route): x and dy read once, no spills at up to 128 registers (one 512-thread
-# CTA per SM); 16-bit rows and rows that need clusters of 16 keep the general path (FUSED_MAX_CLUSTER)
-@pytest.mark.parametrize("row,cluster", [(14, 2), (33, 2), (35, 2), (39, 2), (61, 8), (63, 2)])
+# CTA per SM); rows that need clusters of 16 keep the general path (FUSED_MAX_CLUSTER), 16-bit rows too unless
+# x and dy take more than the L2 (16384^2 bfloat16 layer and RMS norm, rows 51 and 52: lane route, prefetching)
+@pytest.mark.parametrize("row,cluster", [(14, 2), (33, 2), (35, 2), (39, 2), (61, 8), (63, 2), (51, 2), (52, 2)])
 def test_anchor_cluster_kernels_assemble_without_spills(row, cluster):
     from normc.bench import backward_passes
     from normc.lowering import assemble, lower_backward
@@ -798,6 +799,11 @@ def test_cluster_limits():
 
     assert plan_backward(IN3, (2, 64, 64, 64, 64), "float32").fused is None
     assert plan_backward(IN3, (2, 128, 32, 32, 32), "float16").fused is None
+    # 16-bit x over a cluster only where x and dy take more than FUSED_CLUSTER_16BIT_MIN_BYTES (60 MB): 2048
+    # rows of 16384 bfloat16 (128 MiB) yes, 1024 (64 MiB) yes, 512 (32 MiB) no: the column pass
+    for rows, cluster in ((2048, 2), (1024, 2), (512, None)):
+        p = plan_backward(LN, (rows, 16384), "bfloat16")
+        assert (p.fused and p.fused.cluster) == cluster and (p.cols is None) == bool(cluster), rows
     assert plan_backward(IN3, (2, 128, 32, 32, 32), "float32", arch="sm_80").fused is None
     assert plan_backward(IN3, (2, 128, 32, 32, 32), "float32").fused.cluster == 2
     # forced (tests), the limits do not apply; max_cluster (the runtime's fallback) does
@@ -859,7 +865,7 @@ def test_wide_layer_norm_and_nhwc_instance_plans():
     # scale c is constant along each row: dscale/dshift from dx's per-row sums, no parameter reduction
     assert plan.params == () and plan.dx.row_outputs == ("dscale", "dshift") and plan.dx.sums == ("dy", "dyx")
     assert plan.workspace_floats == 2 * 256 * 128
-    # rows too long for registers (16-bit x: no cluster) take the row sums, then the column pass
+    # rows too long for registers (16-bit x of a few MB: no cluster) take the row sums, then the column pass
     plan = plan_backward(LN, (64, 16384), "bfloat16")
     assert plan.fused is None and plan.params == () and plan.cols.outputs == ("dscale", "dshift")
     # 4 x 10000001 (odd: scalar) float32: 132 split partials per row, one row group (gradients written
@@ -870,7 +876,9 @@ def test_wide_layer_norm_and_nhwc_instance_plans():
     assert plan.workspace_floats == plan.dx.splits * 4 * 2
 
 
-def test_column_plan_tiling():
+def test_column_plan_tiling(monkeypatch):
+    # the column pass where the fused kernel over a cluster would take 16-bit rows (FUSED_CLUSTER_16BIT_MIN_BYTES)
+    monkeypatch.setattr("normc.backward_plan.FUSED_CLUSTER_16BIT_MIN_BYTES", 2**62)
     # 16384 x 16384 bfloat16: one full wave of two 256-thread CTAs per SM (4 chunks x 66 row groups), 16
     # values per thread per row and 2 rows per trip (128 B of x and dy loads in flight per thread)
     cp = plan_backward(LN, (16384, 16384), "bfloat16").cols
