@@ -129,17 +129,18 @@ FUSED_PREFETCH = True
 # 160^2) 17.5 vs 23.3, (1, 64, 320^2) cluster of 8 44.2 vs 45.1; layer norm 10000 x 10000 cluster of 2 472.8
 # vs 507.0 (column pass). Slower, hence the limits: clusters of 16 (float32 (2, 64, 64^3) 212.4 vs 174.3,
 # (8, 64, 64^3) 823.9 vs 637.4, layer norm 1000 x 100000 1264.2 vs 496.9: at most 7-8 such clusters are
-# co-resident and every row waits at a 16-CTA barrier); 16-bit x, before the prefetch (float16 (2, 128, 32^3) 23.9 vs 22.1, NCHW
-# batch statistics (256, 256, 28, 28) 334.4 vs 131.9, bfloat16 layer norm 16384^2 721.0 vs 673.4, group norm
-# 8 x 320 x 64^2 64.3 vs 40.1: a thread's 32 values are half the bytes in flight of float32's, and the
-# general path's re-read of a 16-bit row mostly hits L2); 16 values per thread in twice the CTAs (float32
-# (4, 256, 32^3) cluster of 4: 205.7 vs 108.6 for 2 x 32).
+# co-resident and every row waits at a 16-CTA barrier); 16-bit x, before the prefetch (float16 (2, 128, 32^3)
+# 23.9 vs 22.1, NCHW batch statistics (256, 256, 28, 28) 334.4 vs 131.9, bfloat16 layer norm 16384^2 721.0 vs
+# 673.4, group norm 8 x 320 x 64^2 64.3 vs 40.1: a thread's 32 values are half the bytes in flight of float32's,
+# and the general path's re-read of a 16-bit row mostly hits L2); 16 values per thread in twice the CTAs
+# (float32 (4, 256, 32^3) cluster of 4: 205.7 vs 108.6 for 2 x 32).
 FUSED_CLUSTER = True
 FUSED_CLUSTER_MAX_VALUES = 32
 FUSED_MAX_CLUSTER = 8
 FUSED_CLUSTER_MIN_ITEMSIZE = 4
 # ... or 16-bit x, where x and dy together take more than this many bytes: the general path's re-read then comes
-# from HBM, not L2 (the H200's L2 is 60 MB). With the prefetch (FUSED_PREFETCH) on the H200
+# from HBM, not L2 (the H200's L2 is 60 MB). Only with the prefetch (FUSED_PREFETCH; without it the cluster was
+# slower, see above). On the H200
 # (tests/gpu_backward_ab.py, 2026-12-03, backward us, general path / cluster of 2): bfloat16 16384^2 layer norm
 # 674.7 / 601.7, RMS norm 646.6 / 562.6 (1 GiB); below it, float16 NCDHW instance norm (2, 128, 32^3) (34 MB)
 # 20.6 / 20.8, NCHW group norm (8, 320, 64^2) (42 MB, a cluster of 4) 29.8 / 56.4.
@@ -736,7 +737,8 @@ def _fused_plan(p, dx, want, dbytes, sms, ws_offset, why, arch="sm_90", max_clus
     csizes = tuple(c for c in CLUSTER_SIZES if max_cluster is None or c <= max_cluster) if (
         FUSED_CLUSTER and _clusters_ok(arch)) else ()
     if not force_cluster:  # the measured limits (see FUSED_MAX_CLUSTER, FUSED_CLUSTER_MIN_ITEMSIZE)
-        big = p.kept * p.reduced * (dbytes["x"] + dbytes["out"]) > FUSED_CLUSTER_16BIT_MIN_BYTES
+        nbytes = p.kept * p.reduced * (dbytes["x"] + dbytes["out"])  # x and dy
+        big = bool(FUSED_PREFETCH) and nbytes > FUSED_CLUSTER_16BIT_MIN_BYTES
         csizes = tuple(c for c in csizes if c <= FUSED_MAX_CLUSTER) if (
             dbytes["x"] >= FUSED_CLUSTER_MIN_ITEMSIZE or big) else ()
     # values a cluster CTA's thread may hold: xhat and dy, plus two partials per value with lane outputs

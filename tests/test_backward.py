@@ -461,7 +461,8 @@ def test_fused_cluster(spec, shape, perm, dtype, lanes, monkeypatch):
     (RMS, (40, 1100), "bfloat16", None),  # vectors of 4, masked lanes
     (IN2, (16, 3, 33, 35), "float16", None),  # row route, scalar 16-bit values (1155 a row, 128 lanes)
     (LN, (20, 200), "float32", "cluster"),  # two CTAs per row
-], ids=["ln-f32-ragged", "ln-bf16", "rms-bf16-vec4", "in2-f16-scalar", "ln-cluster"])
+    (LN, (20, 400), "bfloat16", "cluster"),  # 16-bit words over a cluster (as 16384^2 bfloat16 on the H200)
+], ids=["ln-f32-ragged", "ln-bf16", "rms-bf16-vec4", "in2-f16-scalar", "ln-cluster", "ln-bf16-cluster"])
 def test_fused_prefetch(spec, shape, dtype, schedule, monkeypatch):
     monkeypatch.setattr("normc.backward_plan.FUSED_PREFETCH", True)
     # one CTA per SM (of the simulator's 4): several row groups per CTA on small inputs
@@ -645,8 +646,9 @@ def test_anchor_rows_that_prefetch():
     # FUSED_PREFETCH: the fused anchor rows whose prefetching dx kernel fits its launch bound without spilling
     # (ptxas, sm_90, through the bench's precompile, as the runtime plans; 39, 51, 52 over a cluster of 2). Not
     # planned: 16-bit rows at 3 CTAs per SM (46, 48), rows of at most 32 lanes (one warp: instance norm 0 and 2,
-    # FUSED_WARP_MAX_VALUES; layer norm 41, 42), one row group a CTA (17). Planned, but the kernel would spill and the runtime runs the one without: float32 instance norm over
-    # clusters (14, 33, 35, 61, 63: 28-32 values a thread), layer norm float32 100000 x 1000 (40)
+    # FUSED_WARP_MAX_VALUES; layer norm 41, 42), one row group a CTA (17). Planned, but the kernel would spill
+    # and the runtime runs the one without: float32 instance norm over clusters (14, 33, 35, 61, 63: 28-32 values
+    # a thread), layer norm float32 100000 x 1000 (40)
     got = {i for i, _, bp in _anchor_backward_plans() if bp.fused is not None and bp.fused.prefetch}
     assert got == {39, 45, 47, 49, 50, 51, 52}
 
