@@ -113,24 +113,15 @@ def fitting_plan(make, kept):
     return make(False, False)
 
 
-def fused_bound_holds(plan) -> bool:
-    """Whether the fused dx kernel of ``plan`` keeps its launch bound once compiled (NVVM, then ptxas through
-    nvJitLink: no GPU needed); normc.lowering drops the bound where ptxas would spill under it."""
-    from ..lowering import arch_cc, compile_source
-    from ..lowering.backward import generate_backward
-
-    return ".minnctapersm" in compile_source(generate_backward(plan)[0], arch_cc(plan.arch)).ptx
-
-
 def plan_backward(spec, shape, dtype="float32", *, strides=None, layout=None, dy_dtype=None, scale_dtype=None,
                   shift_dtype=None, need_dscale=True, need_dshift=True, arch="sm_90", sms=None, schedule=None,
                   fit_bounds=False):
     """Plan the backward pass of ``spec`` for an x of logical ``shape`` (no GPU needed).
 
     Args mirror :func:`normc.api.plan_for`; ``dy_dtype`` defaults to x's dtype, ``sms`` to 132.
-    ``fit_bounds``: compile the fused dx kernel when it carries a launch bound and plan again as the runtime
-    does where ptxas would drop it (:func:`fitting_plan`), so the plan is the one that runs (costs an NVVM
-    compile, about a second); else the planner's first choice.
+    ``fit_bounds``: compile the plan's kernels when its fused dx kernel carries a launch bound (as the runtime
+    does, :func:`bound_kept`: memory cache, disk cache or NVVM, about a second) and plan again where ptxas would
+    drop the bound (:func:`fitting_plan`), so the plan is the one that runs; else the planner's first choice.
 
     Returns:
         :class:`normc.backward_plan.BackwardPlan`.
@@ -164,7 +155,7 @@ def plan_backward(spec, shape, dtype="float32", *, strides=None, layout=None, dy
                                   arch=f"sm_{cc[0]}{cc[1]}", sms=sms or DEFAULT_SMS, schedule=schedule,
                                   fused_bound=bound, fused_prefetch=prefetch)
 
-    return fitting_plan(make, fused_bound_holds) if fit_bounds else make(True, True)
+    return fitting_plan(make, lambda plan: bound_kept(plan, cc)) if fit_bounds else make(True, True)
 
 
 def _build(compiled, gi, xi, si, need_dscale, need_dshift):
