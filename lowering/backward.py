@@ -184,24 +184,26 @@ class _Red(_Emitter):
             self.h["sc"] = self._seq(g, TAG[self.bp.scale_dtype], "sp", offs["scale"], varies["scale_step"],
                                      self.rp.scale_vec)
 
-    def load_x_dy(self, g, offs):
-        """Emit the loads of one vector of x and of dy at ``offs``; returns their per-element names."""
+    def load_x_dy(self, g, offs, ok="True"):
+        """Emit the loads of one vector of x and of dy at ``offs`` (zeros where ``ok`` is false: a predicated
+        load); returns their per-element names."""
         b, V = self.bp, self.V
         xs = [g.new("x") for _ in range(V)]
         dys = [g.new("dy") for _ in range(V)]
-        xt, gt = TAG[b.x_dtype], TAG[b.dy_dtype]
-        if V == 1:
-            g(f"{xs[0]} = ld1_{xt}(xp, {offs['x']})")
-            g(f"{dys[0]} = ld1_{gt}(gp, {offs['out']})")
-        else:
-            g(f"{', '.join(xs)} = ld{V}_{xt}(xp, {offs['x']})")
-            g(f"{', '.join(dys)} = ld{V}_{gt}(gp, {offs['out']})")
+        m = "" if ok == "True" else "m"
+        cond = "" if ok == "True" else f", {ok}"
+        for names, tag, ptr, off in ((xs, TAG[b.x_dtype], "xp", offs["x"]), (dys, TAG[b.dy_dtype], "gp", offs["out"])):
+            g(f"{', '.join(names)} = ld{m}{V}_{tag}({ptr}, {off}{cond})")
         return xs, dys
 
     def values(self, g, offs, varies):
         """Emit loads for one vector of elements; returns dict of per-element names: xh, dy, g."""
+        return self.derive(g, *self.load_x_dy(g, offs), offs, varies)
+
+    def derive(self, g, xs, dys, offs, varies):
+        """xhat, g (and rstd) of one vector from its loaded x and dy (names ``xs``, ``dys``) at ``offs``; loads
+        the mean/rstd and scale values that were not hoisted. Returns dict of per-element names: xh, dy, g, rs."""
         b, V = self.bp, self.V
-        xs, dys = self.load_x_dy(g, offs)
         if "rs" in self.h:
             rs = self.h["rs"]
             mu = self.h.get("mu")
@@ -237,8 +239,9 @@ class _Red(_Emitter):
                 else:
                     g(f"a_dy{s} = a_dy{s} + {vals['dy'][j]}")
 
-    def emit_dx(self, g, vals, c1, c2, off_out):
-        """dx for one vector given per-element mean(g) ``c1`` and mean(g*xhat) ``c2`` names."""
+    def emit_dx(self, g, vals, c1, c2, off_out, ok="True"):
+        """dx for one vector given per-element mean(g) ``c1`` and mean(g*xhat) ``c2`` names; stored where
+        ``ok``."""
         V = self.V
         ds = [g.new("dx") for _ in range(V)]
         for j in range(V):
@@ -247,15 +250,17 @@ class _Red(_Emitter):
                 g(f"{ds[j]} = {rj} * ({gj} - {c1[j]} - {xj} * {c2[j]})")
             else:
                 g(f"{ds[j]} = {rj} * ({gj} - {xj} * {c2[j]})")
-        self.store_dx(g, ds, off_out)
+        self.store_dx(g, ds, off_out, ok)
 
-    def store_dx(self, g, ds, off_out):
-        """Store one vector of dx (names ``ds``, float32) at element offset ``off_out``, in x's dtype."""
+    def store_dx(self, g, ds, off_out, ok="True"):
+        """Store one vector of dx (names ``ds``, float32) at element offset ``off_out``, in x's dtype, where
+        ``ok``."""
         t, V = TAG[self.bp.x_dtype], self.V
-        if V == 1:
-            g(f"st1_{t}(dp, {off_out}, {ds[0]})")
+        vals = ds[0] if V == 1 else f"({', '.join(ds)},)"
+        if ok == "True":
+            g(f"st{V}_{t}(dp, {off_out}, {vals})")
         else:
-            g(f"st{V}_{t}(dp, {off_out}, ({', '.join(ds)},))")
+            g(f"stm{V}_{t}(dp, {off_out}, {vals}, {ok})")
 
     def fold_dx(self, g, c1, c2):
         """Per-column factors of dx when rstd, mean and scale were hoisted (constant along the rows):
@@ -279,17 +284,41 @@ class _Red(_Emitter):
             out.append((A, B, C, mu[j] if self.norm else None))
         return out
 
-    def emit_dx_folded(self, g, folds, offs):
-        """Load one vector of x and dy at ``offs`` and write its dx from :meth:`fold_dx`'s factors."""
+    def emit_dx_folded(self, g, folds, offs, xs, dys, ok="True"):
+        """Write the dx of one vector (x and dy loaded into ``xs``, ``dys``) at ``offs`` from :meth:`fold_dx`'s
+        factors, where ``ok``."""
         V = self.V
-        xs, dys = self.load_x_dy(g, offs)
         ds = [g.new("dx") for _ in range(V)]
         for j, (A, B, C, mu) in enumerate(folds):
             if self.norm:
                 g(f"{ds[j]} = {A} * {dys[j]} - {C} - ({xs[j]} - {mu}) * {B}")
             else:
                 g(f"{ds[j]} = {A} * {dys[j]} - {xs[j]} * {B}")
-        self.store_dx(g, ds, offs["out"])
+        self.store_dx(g, ds, offs["out"], ok)
+
+    def dx_pass(self, g, start, stop, step, backwards, offs_at, varies, c1, c2, folds=None):
+        """The dx pass over indices ``[start, stop)`` ``step`` apart (vectors of a row, or rows of a column
+        tile), backwards when asked (:func:`stream_loop`): each trip loads ``rp.unroll`` vectors of x and dy
+        (the ones past ``stop`` masked, at a clamped in-bounds index) before it computes and stores their dx.
+        ``offs_at(index)`` emits and returns the element offsets of an index; ``c1``/``c2``: per-element
+        mean(g) and mean(g*xhat); ``folds``: :meth:`fold_dx`'s factors, or None."""
+        U = self.rp.unroll
+        stream_loop(g, start, stop, step * U, backwards=backwards)
+        loaded = []
+        for u in range(U):
+            idx, ok = "base", "True"
+            if U > 1:
+                idx, ok = g.new("ix"), g.new("ok")
+                g(f"{ok} = base + {u * step} < {stop}")
+                g(f"{idx} = min(base + {u * step}, {stop} - 1)")
+            offs = offs_at(idx)
+            loaded.append((offs, ok, self.load_x_dy(g, offs, ok)))
+        for offs, ok, (xs, dys) in loaded:
+            if folds:
+                self.emit_dx_folded(g, folds, offs, xs, dys, ok)
+            else:
+                self.emit_dx(g, self.derive(g, xs, dys, offs, varies), c1, c2, offs["out"], ok)
+        g.ind -= 1
 
     def varies(self, iter_axes):
         v = {"stat": any(a.stat for a in iter_axes), "scale": any(a.scale for a in iter_axes)}
@@ -431,12 +460,8 @@ class _Red(_Emitter):
             self.store_rows(g, "lane == 0 and rv" if mode == "fused" else "lane == 0 and sp_ == 0", "kb", "a_")
             self.means(g, "c1", "c2", lambda q: f"a_{q}", self.h.get("sc", [None])[0])
             with g.block("if rv:"):
-                stream_loop(g, "lo + lane", "hi", TPR, backwards=rev)
-                o = self.chunk_offsets(g, "base")
-                bo = base_offs(o)
-                vals = self.values(g, bo, varies)
-                self.emit_dx(g, vals, ["c1"] * V, ["c2"] * V, bo["out"])
-                g.ind -= 1
+                self.dx_pass(g, "lo + lane", "hi", TPR, rev, lambda c: base_offs(self.chunk_offsets(g, c)), varies,
+                             ["c1"] * V, ["c2"] * V)
         grid = rp.grid
         return KernelSource(name, g.text(), grid, rp.threads, self.shared, self.ptypes())
 
@@ -545,14 +570,7 @@ class _Red(_Emitter):
                 self.means(g, c1[j], c2[j], lambda q: f"{src}{q}[{idx}]", sc[j])
             folds = self.fold_dx(g, c1, c2) if rp.fold else None
             with g.block("if cok:"):
-                stream_loop(g, "r0 + ry", "r1", RY, backwards=rev)
-                bo = offs_at("base")
-                if folds:
-                    self.emit_dx_folded(g, folds, bo)
-                else:
-                    vals = self.values(g, bo, varies)
-                    self.emit_dx(g, vals, c1, c2, bo["out"])
-                g.ind -= 1
+                self.dx_pass(g, "r0 + ry", "r1", RY, rev, offs_at, varies, c1, c2, folds)
         return KernelSource(name, g.text(), rp.grid, rp.threads, self.shared, self.ptypes(), min_ctas=rp.min_ctas)
 
     def merge_kernel(self):

@@ -197,6 +197,22 @@ COLS_REVERSE = False
 # 1% on (8, 640, 32, 32) and (8, 1280, 16, 16) NCHW and NCDHW f16 (2, 128, 32^3); slower on NHWC group norm
 # (8, 320, 64, 64): 97.0 / 93.8.
 REVERSE_LOOPED = True
+# The dx pass of the general path (the split's finish kernel, the unsplit dx kernel's pass 2; inner and outer)
+# loads this many vectors of x and dy per thread before it computes and stores any dx (ReducePlan.unroll). The
+# stores cannot move above later loads (ptxas cannot prove that dx does not alias x or dy), so with one vector a
+# trip each thread has one vector of x and one of dy in flight, 32 B: 32 KiB a SM at 1024 threads, what copy
+# bandwidth needs at a 1 us loaded latency and no more (the reading passes: NVVM unrolls them by 4 on its own).
+# Two vectors: H200 A/B, backward us, 1 / 2 / 4 vectors: f16 NCDHW (2, 32, 128^3) instance norm (split)
+# 334.2 / 319.9 / 319.2 (its finish kernel 204.8 -> 191.4); f32 NCDHW (2, 64, 64^3) 164.1 / 160.4 / 161.1; f32
+# NCHW (1, 32, 640^2) 71.6 / 70.1 / 72.0; f16 NCHW group norm (8, 320, 64^2) 30.7 / 29.3 / 34.2; f16 NCHW batch
+# statistics (256, 256, 28^2) 127.2 / 126.2 / 149.9; the f32 NCDHW (2 and 4, 64, ...) rows within 1%. Four
+# vectors lose: 68 registers a thread (32 at one, 48 at two) leave one 1024-thread CTA a SM, not two of 512.
+DX_UNROLL = 2
+# ... for an outer dx reduction (lanes along the kept innermost axis, rows over y-threads). One: at two the
+# float16 NHWC batch-statistics (256, 256, 28^2) finish kernel grows from 64 registers to 80 and loses (138.6 ->
+# 143.5 us); the f32 channels-last instance norms move within 1% (NDHWC (2, 64, 64^3) 169.6 -> 167.1, NHWC
+# (1, 32, 640^2) 78.3 -> 77.5, NDHWC (2, 64, 128^3) 1272.4 -> 1282.6).
+DX_UNROLL_OUTER = 1
 # Outer dx, pass 2: rstd, mean and scale constant along the rows (hoisted per column) are folded with the row
 # means into three factors per column, dx = A*dy - C - (x - mean)*B (normc.lowering.backward's _Red.fold_dx):
 # four values held per column instead of five. The float16 NHWC batch-statistics finish kernel (8 columns per
@@ -280,6 +296,8 @@ class ReducePlan:
             seg_len`` segments of ``seg_len`` elements; one float32 per (row, segment, output) at
             ``seg_offset``, added per parameter element by ``normc_bwd_seg_finish``.
         seg_len: elements per segment (0: no segment route).
+        unroll: dx only: vectors of x and dy (``tpr`` or ``ry`` apart) each thread of the dx pass loads before it
+            computes and stores any of their dx (DX_UNROLL; the loads of a trip past the slice's end are masked).
         reverse: dx only: the re-read starts where the reading pass ended, in L2. Split: the finish kernel
             takes the work items in reverse order and walks its slice backwards (REVERSE_REREAD); not split:
             the dx pass walks the CTA's rows backwards (REVERSE_LOOPED).
@@ -318,6 +336,7 @@ class ReducePlan:
     fold: bool = False
     seg_outputs: tuple = ()
     seg_len: int = 0
+    unroll: int = 1
 
     @property
     def segments(self) -> int:
@@ -949,6 +968,10 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
             dx = replace(dx, reverse=True)
             dx_why.append("dx: the dx pass re-reads each CTA's rows last-first, starting on what its sums pass "
                           "left in L2")
+        unroll = DX_UNROLL if dx.strategy == "inner" else DX_UNROLL_OUTER
+        if unroll > 1 and not dx.sums_only:
+            dx = replace(dx, unroll=unroll)
+            dx_why.append(f"dx: the dx pass loads {unroll} vectors of x and dy per thread before storing any")
         why[:0] = dx_why
     groups = []
     if len(want) == 2 and all(a.scale == a.shift for a in p.axes):

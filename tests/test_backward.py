@@ -310,6 +310,24 @@ def test_outer_dx_folded_factors(spec, shape, dtype, schedule, fold, monkeypatch
     assert bool(re.search(r"\bfb\d+ = ", src)) == fold  # the per-column factor B
 
 
+@pytest.mark.parametrize("spec,shape,perm,dtype,schedule,strategy,splits", [
+    (IN2, (2, 3, 7, 9), None, "float32", "split", "inner", 2),         # 63 elements: 1 trip of 3 x 32 lanes
+    (BN, (2, 3, 16, 20), None, "float16", "looped", "inner", 1),       # unsplit: the dx pass re-reads the row
+    (IN2, (2, 6, 5, 3), NHWC, "float32", "split", "outer", 2),         # folded factors, rows over y-threads
+    ("n c h w : rms over h w ; scale c", (2, 5, 3, 7), NHWC, "float32", None, "outer", None),
+], ids=["inner-split", "inner-looped", "outer-split-folded", "outer-rms"])
+def test_dx_pass_unrolled(spec, shape, perm, dtype, schedule, strategy, splits, monkeypatch):
+    # DX_UNROLL / DX_UNROLL_OUTER: the dx pass loads 3 vectors of x and dy per thread before storing any;
+    # trips past the slice's end are masked (predicated loads, stm stores, at an index clamped into the slice);
+    # the gradients match the float64 reference (run_bwd)
+    monkeypatch.setattr("normc.backward_plan.DX_UNROLL", 3)
+    monkeypatch.setattr("normc.backward_plan.DX_UNROLL_OUTER", 3)
+    _, plan = run_bwd(spec, make_x(shape, dtype, perm=perm), schedule=schedule)
+    assert plan.fused is None and plan.dx.strategy == strategy and plan.dx.unroll == 3
+    assert splits is None or plan.dx.splits == splits
+    src = "".join(k.source for k in generate_backward(plan))
+    assert re.search(r"\bstm\d+_f(32|16)\(dp, ", src) and re.search(r"\bldm\d+_f(32|16)\(gp, ", src)
+
 # ----------------------------------------------------------------------------------------------------
 # the fused path: x and dy read once, parameter partials per CTA (lane route) or per row (row route)
 
