@@ -79,8 +79,10 @@ CASES = [
     ("fused-bound-instance-f16", "n c h w : norm over h w ; scale c ; shift c", {}, (64, 32, 28, 28), None,
      "float16", None),
     # fused backward that prefetches the next row's x and dy (FusedPlan.prefetch): float32 instance norm at 2 CTAs
-    # per SM with masked rows (783 values), 16-bit layer norm kept as words, a masked row of 4000 at 1 CTA per SM
-    ("fused-prefetch-instance", "n c h w : norm over h w ; scale c ; shift c", {}, (64, 32, 27, 29), None,
+    # per SM with masked rows (1073 values: past FUSED_WARP_MAX_VALUES x 32, so the row spans warps; a row of
+    # one warp does not prefetch), 16-bit layer norm kept as words, a masked row of 4000 at 1 CTA per SM
+    # (tests/test_backward.py::test_sanitizer_prefetch_cases checks, without a GPU, that both plan the prefetch)
+    ("fused-prefetch-instance", "n c h w : norm over h w ; scale c ; shift c", {}, (64, 32, 37, 29), None,
      "float32", None),
     ("fused-prefetch-ln-bf16", "t d : norm over d ; scale d ; shift d", {}, (600, 4000), None, "bfloat16", None),
 ]

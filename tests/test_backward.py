@@ -358,6 +358,18 @@ def test_fused_paths(spec, shape, dtype, check):
     assert check(fz), fz
 
 
+@pytest.mark.parametrize("name", ["fused-prefetch-instance", "fused-prefetch-ln-bf16"])
+def test_sanitizer_prefetch_cases(name):
+    """tests/gpu_sanitize.py's prefetch cases still plan a prefetching fused dx kernel (on the GPU the case fails
+    otherwise): a planner change (e.g. one warp a row) must move the case, not silently drop its coverage."""
+    from gpu_sanitize import CASES
+
+    _, text, sizes, shape, perm, dtype, _ = next(c for c in CASES if c[0] == name)
+    assert perm is None
+    plan = plan_backward(normc.spec(text, **sizes), shape, dtype, fit_bounds=True)
+    assert plan.fused is not None and plan.fused.prefetch, plan.describe()
+
+
 # the segment route: parameters varying along the outer summed axes of a row (group norm's k, layer norm over
 # c h w with a per-channel scale) come from per-segment sums of the general dx kernel (no parameter reduction):
 # several segments per warp span or several warp spans per segment, several rows per CTA (ragged), 16-bit
