@@ -45,7 +45,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..errors import CompileError
-from .codegen import TAG, KernelSource, _coords, _Emitter, _offset, _ptr_type, _Src, stream_loop, vector_offsets
+from .codegen import (TAG, KernelSource, _chain, _coords, _Emitter, _offset, _ptr_type, _Src, stream_loop,
+                      vector_offsets)
 
 BPARAMS = "gp, xp, sp, mp, rp, dp, wp, dsp, dhp"
 _OUTPTR = {"dscale": "dsp", "dshift": "dhp"}
@@ -1213,7 +1214,9 @@ def generate_backward(bplan) -> list:
             out += _Cols(bplan).kernels()
     for rp in reds:
         out += _Red(bplan, rp).kernels()
-    return out
+    # plan.pdl: each kernel after the first waits for the one before it (griddepcontrol.wait as its first
+    # statement) and is launched as its programmatic dependent (BWD_PDL), as the forward's split kernels are
+    return _chain(out, bplan.arch) if getattr(bplan, "pdl", False) else out
 
 
 def kernel_count(bplan) -> int:

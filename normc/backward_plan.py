@@ -228,6 +228,22 @@ FOLD_DX = True
 # SEG_MAX_SHARED bytes per CTA.
 SEGMENTS = True
 SEG_MAX_SHARED = 16384
+# Programmatic dependent launch between the backward's kernels (BackwardPlan.pdl; sm_90+): each kernel after
+# the first waits for the one before it (griddepcontrol.wait, its first statement) and is launched as its
+# programmatic dependent, so its CTAs take the SMs the previous kernel's last wave frees instead of being
+# launched after that grid drains (normc.lowering.codegen.PDL: the forward's split kernels). 0: never; 1: plans
+# with no outer reduction (dx or parameters) and no fused kernel with lane-route outputs (layer and RMS
+# norm's per-CTA dscale partials); 2: every plan (A/B only). Measured on the H200 (tests/gpu_backward_ab.py,
+# 2026-12-04, backward us, off / on): where 1 chains, fused instance norm (row sums) NCHW (256, 128, 28^2)
+# float32 85.5 / 84.1, float16 46.4 / 45.6, NCDHW (2, 128, 32^3) float32 cluster 33.6 / 32.5, group norm NCHW
+# (8, 1280, 16^2) float16 10.0 / 9.5, (1, 128, 160^2) float32 16.2 / 15.3, inner splits NCDHW float16 (2, 64,
+# 64^3) 85.8 / 84.6, float32 (2, 64, 64^3) 159.5 / 157.9, the column pass 4 x 400,001 float32 15.6 / 15.1,
+# batch statistics NCHW float16 126.8 / 125.1; the rest within 0.5%. Where it does not: outer dx NHWC batch
+# statistics float16 (256, 256, 28^2) 136.3 / 140.7 and 138.5 / 139.6 (two runs), NHWC (1, 64, 320^2) float32
+# 45.6 / 48.0, (256, 128, 28^2) float16 76.6 / 78.3; outer parameter reduction, NHWC group norm (8, 1280, 16^2)
+# float16 17.6 / 18.7 and 17.8 / 18.7; fused layer norm with lane outputs, bfloat16 (16384, 4096) 129.1 /
+# 133.9, RMS 119.8 / 123.8, float32 (10000, 10000) 374.3 / 377.2.
+BWD_PDL = 1
 # Column pass (ColsPlan): on/off (A/B measurements; off gives the three-pass general path).
 COLS = True
 # Column kernel: threads per CTA, and at most this many elements per thread per row (vectors x vec): its scale
@@ -549,6 +565,7 @@ class BackwardPlan:
         fused: the :class:`FusedPlan` when dx runs as the fused register kernel (``dx`` then only describes
             the row reduction; ``params`` holds the parameter reductions it does not produce), else ``None``.
         cols: the :class:`ColsPlan` when dx is written by the column kernel (``dx.sums_only``), else ``None``.
+        pdl: each kernel after the first is a programmatic dependent of the one before it (``BWD_PDL``; sm_90+).
         why: reasons, one line each.
     """
 
@@ -567,6 +584,7 @@ class BackwardPlan:
     sms: int
     fused: FusedPlan | None = None
     cols: ColsPlan | None = None
+    pdl: bool = False
     why: tuple = field(default=(), compare=False)
 
     @property
@@ -598,10 +616,23 @@ class BackwardPlan:
             if self.cols is not None:
                 lines.append(self.cols.describe())
             lines += [r.describe() for r in self.params]
+        if self.pdl:
+            lines.append("launch:   each kernel after the first as a programmatic dependent of the one before it")
         lines += [f"why:      {w}" for w in self.why]
         return "\n".join(lines)
 
     __str__ = describe
+
+
+def _pdl(arch, fused, dx, params) -> bool:
+    """Whether the plan's kernels are chained by programmatic dependent launch (see BWD_PDL; sm_90+, as
+    clusters)."""
+    if not _clusters_ok(arch) or not BWD_PDL:
+        return False
+    if BWD_PDL == 2:
+        return True
+    outer = (fused is None and dx.strategy == "outer") or any(r.strategy == "outer" for r in params)
+    return not outer and not (fused is not None and fused.lane_outputs)
 
 
 def _pow2_ceil(n):
@@ -1000,5 +1031,5 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
         dscale_dtype=p.scale_dtype if "dscale" in produced else None,
         dshift_dtype=(dshift_dtype or p.shift_dtype) if "dshift" in produced else None,
         dx=dx, params=tuple(params), kept=p.kept, reduced=p.reduced, arch=arch, sms=sms, fused=fused,
-        cols=cols, why=tuple(why),
+        cols=cols, pdl=_pdl(arch, fused, dx, params), why=tuple(why),
     )

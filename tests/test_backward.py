@@ -358,6 +358,37 @@ def test_fused_paths(spec, shape, dtype, check):
     assert check(fz), fz
 
 
+# programmatic dependent launch (BWD_PDL): chained where the H200 measured a gain (no outer reduction, no fused
+# kernel with lane-route outputs), never before sm_90
+@pytest.mark.parametrize("text,sizes,shape,layout,arch,want", [
+    (IN2, {}, (256, 128, 28, 28), None, "sm_90", True),          # fused, per-row sums then frow_finish
+    (IN2, {}, (2, 32, 256, 256), None, "sm_90", True),           # inner split: partial, finish, row finish
+    (IN2, {}, (2, 32, 256, 256), None, "sm_80", False),          # no PDL before Hopper
+    (BN, {}, (64, 64, 28, 28), "n h w c", "sm_90", False),       # outer dx
+    (GN, {"g": 32}, (8, 640, 32, 32), "n h w (g k)", "sm_90", False),  # outer parameter reduction
+    (LN, {}, (4096, 1024), None, "sm_90", False),                # fused with lane-route dscale/dshift partials
+])
+def test_pdl_chain(text, sizes, shape, layout, arch, want):
+    plan = plan_backward(normc.spec(text, **sizes), shape, "float16", layout=layout, arch=arch)
+    assert plan.pdl is want
+    kernels = generate_backward(plan)
+    assert len(kernels) >= 2
+    waits = ["griddep_wait()" in k.source.split("\n")[1] for k in kernels]
+    assert waits == [False] + [want] * (len(kernels) - 1)
+    assert [k.pdl for k in kernels] == waits
+    assert ("programmatic dependent" in plan.describe()) is want
+
+
+def test_pdl_flag_reaches_the_launch(monkeypatch, tmp_path):
+    """compiled_backward_kernels (what the runtime loads, memory and disk cache) keeps each kernel's pdl mark."""
+    from normc.runtime.backward import compiled_backward_kernels
+
+    monkeypatch.setenv("NORMC_CACHE_DIR", str(tmp_path))
+    plan = plan_backward(normc.spec(IN2), (64, 32, 8, 8), "float32")
+    assert plan.pdl
+    assert [k["pdl"] for k in compiled_backward_kernels(plan, (9, 0))] == [False, True]
+
+
 @pytest.mark.parametrize("name", ["fused-prefetch-instance", "fused-prefetch-ln-bf16"])
 def test_sanitizer_prefetch_cases(name):
     """tests/gpu_sanitize.py's prefetch cases still plan a prefetching fused dx kernel (on the GPU the case fails
