@@ -1216,7 +1216,7 @@ def generate_backward(bplan) -> list:
         out += _Red(bplan, rp).kernels()
     # plan.pdl: each kernel after the first waits for the one before it (griddepcontrol.wait as its first
     # statement) and is launched as its programmatic dependent (BWD_PDL), as the forward's split kernels are
-    return _chain(out, bplan.arch) if getattr(bplan, "pdl", False) else out
+    return _chain(out, bplan.arch) if bplan.pdl else out
 
 
 def kernel_count(bplan) -> int:

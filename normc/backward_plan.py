@@ -1026,10 +1026,16 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
         produced |= set(cols.outputs)
     if fused is not None:
         produced |= set(fused.lane_outputs + fused.row_outputs)
-    return BackwardPlan(
+    plan = BackwardPlan(
         stat=p.stat, eps=p.eps, x_dtype=p.x_dtype, dy_dtype=dy_dtype, scale_dtype=p.scale_dtype,
         dscale_dtype=p.scale_dtype if "dscale" in produced else None,
         dshift_dtype=(dshift_dtype or p.shift_dtype) if "dshift" in produced else None,
         dx=dx, params=tuple(params), kept=p.kept, reduced=p.reduced, arch=arch, sms=sms, fused=fused,
         cols=cols, pdl=_pdl(arch, fused, dx, params), why=tuple(why),
     )
+    if plan.pdl:  # a single kernel has nothing to chain
+        from .lowering.backward import kernel_count
+
+        if kernel_count(plan) < 2:
+            plan = replace(plan, pdl=False)
+    return plan
