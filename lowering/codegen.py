@@ -895,12 +895,17 @@ class _Inner(_Kernel):
             return f"f0 + max(min({li}, lim - {V}), 0)"
 
         g("sb = smem_base(sx)")
-        # scale and shift (they vary along the row only) in shared memory: the row step reads column j of
-        # every row at once (one broadcast word), and they take no registers
+        # scale and shift (the planner admits none varying along the kept axis) in shared memory where they
+        # vary along the row: the row step reads column j of every row at once (one broadcast word), and they
+        # take no registers; one that varies along neither (every axis it names has size 1) is one value
         var = self.params_for_row()
-        params = {}
+        params, consts = {}, {}
         for w in ("scale", "shift"):
-            if var[w]:
+            if var[w] is False:
+                consts[w] = g.new("sv" if w == "scale" else "hv")
+                ptr, tag = ("sp" if w == "scale" else "hp"), TAG[getattr(p, f"{w}_dtype")]
+                g(f"{consts[w]} = ld1_{tag}({ptr}, 0)  # the parameter's only element")
+            elif var[w]:
                 name = "sS" if w == "scale" else "sH"
                 self.smem(g, name, L)
                 params[w] = f"{name}b"
@@ -960,8 +965,12 @@ class _Inner(_Kernel):
                     y = f"({nm} - mean) * rstd"
                     if "scale" in params:
                         y = f"({y}) * lds_f32({params['scale']}, I32({j}))"
+                    elif "scale" in consts:
+                        y = f"({y}) * {consts['scale']}"
                     if "shift" in params:
                         y = f"{y} + lds_f32({params['shift']}, I32({j}))"
+                    elif "shift" in consts:
+                        y = f"{y} + {consts['shift']}"
                     g(f"sts_f32(sb, {k}, {y})")
         g("cuda.syncthreads()")
         for e, (pb, ok) in enumerate(zip(pbs, oks)):

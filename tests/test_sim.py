@@ -108,6 +108,19 @@ def test_inner_staged_short_rows(shape, dtype, spec):
         assert plan.grid >= 2
 
 
+@pytest.mark.parametrize("text, shape, sizes", [
+    (IN2, (3, 1, 4, 4), {}),                                            # instance norm, one channel
+    (IN1, (8, 1, 10), {}),
+    (GN, (2, 1, 2, 2), {"g": 1}),                                        # one group of one channel
+    ("n c h w : rms over h w ; scale c", (3, 1, 4, 4), {}),
+    ("n c h w : norm over h w ; shift c", (3, 1, 2, 3), {}),
+])
+def test_inner_staged_size_one_parameters(text, shape, sizes):
+    """A scale or shift over axes that all have size 1 (one value for every row) on the staged schedule's short
+    rows: applied, not dropped (it was: y came out as the bare normalized x)."""
+    _, _, _, plan = run_case(normc.spec(text, **sizes), make_x(shape, "float32"), expect=("inner", "staged"))
+
+
 @pytest.mark.parametrize("text, shape, schedule", [
     ("t d : norm over d ; scale d ; shift t", (5, 40), None),
     ("t d : rms over d ; scale d ; shift t", (5, 40), None),
