@@ -320,6 +320,8 @@ class Compiled:
                 if entry is None:
                     entry = self._build(xi, si, hi, oi, bool(return_stats))
                     self._table[key] = entry
+        elif oi is not None:  # _build checked it on the key's first call
+            self._check_out_memory(xi, si, hi, oi)
         # Outputs that are Numba device arrays (for Numba, DLPack and other CUDA-array-interface inputs) are bound
         # to the launch stream: their __cuda_array_interface__ names it, so a consumer orders its reads after the
         # kernels. Not for JAX inputs: JAX's import rejects an array naming a stream it did not create
@@ -436,18 +438,28 @@ class Compiled:
             if oi.device != xi.device:
                 raise ArgumentError(f"out is on device {oi.device}; expected x's device {xi.device}")
             check_no_overlap(oi.shape, oi.strides, "out")
-            if oi.readonly:
-                raise ArgumentError("out is read-only; expected a writeable array")
-            if oi.ptr == xi.ptr and tuple(oi.strides) != tuple(xi.strides):
-                raise ArgumentError("out aliases x with different strides; expected x itself or a separate array")
-            if oi.ptr != xi.ptr and _overlaps(xi, oi):
-                raise ArgumentError("out overlaps x; expected x itself (in place) or a non-overlapping array")
-            for name, pi in (("scale", si), ("shift", hi)):
-                # the kernels read scale/shift while other CTAs write y: they must not share memory
-                if pi is not None and _overlaps(pi, oi):
-                    raise ArgumentError(f"out overlaps {name}; expected an output that shares no memory with {name}")
+            self._check_out_memory(xi, si, hi, oi)
             out_dtype = oi.dtype
         return sizes, sim, out_dtype
+
+    @staticmethod
+    def _check_out_memory(xi, si, hi, oi):
+        """What ``out`` (not None) may not be, by its memory and flags, which the specialization key does not
+        hold: checked on every call that passes ``out``, not only on the first of its key.
+
+        Raises:
+            ArgumentError: out is read-only, aliases x with other strides, or overlaps x, scale or shift.
+        """
+        if oi.readonly:
+            raise ArgumentError("out is read-only; expected a writeable array")
+        if oi.ptr == xi.ptr and tuple(oi.strides) != tuple(xi.strides):
+            raise ArgumentError("out aliases x with different strides; expected x itself or a separate array")
+        if oi.ptr != xi.ptr and _overlaps(xi, oi):
+            raise ArgumentError("out overlaps x; expected x itself (in place) or a non-overlapping array")
+        for name, pi in (("scale", si), ("shift", hi)):
+            # the kernels read scale/shift while other CTAs write y: they must not share memory
+            if pi is not None and _overlaps(pi, oi):
+                raise ArgumentError(f"out overlaps {name}; expected an output that shares no memory with {name}")
 
     def _schedule_for(self, prob, arch, sms):
         """The forced schedule, else a tuned one recorded by :func:`normc.autotune`, else None (planner)."""

@@ -50,7 +50,7 @@ def _where(d):
 
 def _check(compiled, gi, xi, mi, ri, si):
     """Validate the arguments; returns (sizes, sim)."""
-    from . import check_x
+    from . import check_not_transposed, check_x
 
     spec = compiled.spec
     sizes, sim = check_x(spec, xi)
@@ -74,6 +74,7 @@ def _check(compiled, gi, xi, mi, ri, si):
         if math.prod(info.shape) != kept:
             raise ArgumentError(f"{name} has {math.prod(info.shape)} elements (shape {info.shape}); expected "
                                 f"{kept}, one per kept index (shape {stat_shape})")
+        check_not_transposed(name, info.shape, spec.kept, sizes)  # e.g. mean.T: read in the wrong order
         if not _c_order(info):
             raise ArgumentError(f"{name} must be C-contiguous (got strides {info.strides} for shape {info.shape})")
     if spec.scale is None:
@@ -85,8 +86,6 @@ def _check(compiled, gi, xi, mi, ri, si):
         want = math.prod(sizes[a] for a in spec.scale)
         if math.prod(si.shape) != want:
             raise ArgumentError(f"scale has {math.prod(si.shape)} elements (shape {si.shape}); expected {want}")
-        from . import check_not_transposed
-
         check_not_transposed("scale", si.shape, spec.scale, sizes)
         if si.dtype not in SUPPORTED:
             raise ArgumentError(f"scale has dtype {si.dtype}; expected one of {', '.join(SUPPORTED)}")

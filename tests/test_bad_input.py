@@ -249,6 +249,44 @@ def test_out_overlapping_scale_or_shift_is_rejected(no_launch, which):
         normc.compile(LN)(x, params["scale"], params["shift"], out=buf.reshape(3, 8))
 
 
+def test_out_checked_on_every_call_not_only_the_first(no_launch):
+    """What out's memory and flags forbid (read-only, overlapping x, scale or shift) is not in the
+    specialization key: a call after a valid one with the same shapes must still be refused (it was accepted,
+    writing into scale or returning a read-only zeros array)."""
+    f = normc.compile("t d : norm over d ; scale d")
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)
+    with pytest.raises(Launched):  # a valid call: builds the specialization, then reaches the launch
+        f(x, np.ones(8, np.float32), out=np.empty_like(x))
+    buf = np.zeros(64, np.float32)
+    with pytest.raises(ArgumentError, match="out overlaps scale"):
+        f(x, buf[:8], out=buf[:16].reshape(2, 8))
+    ro = np.zeros_like(x)
+    ro.setflags(write=False)
+    with pytest.raises(ArgumentError, match="out is read-only"):
+        f(x, np.ones(8, np.float32), out=ro)
+    big = np.zeros(24, np.float32)
+    xs = big[:16].reshape(2, 8)
+    with pytest.raises(ArgumentError, match="out overlaps x"):
+        f(xs, np.ones(8, np.float32), out=big[8:].reshape(2, 8))
+
+
+def test_backward_refuses_transposed_statistics():
+    """mean and rstd hold one value per kept index in spec axis order: their transposes (same element count)
+    are refused, as a transposed scale is (they were read in the wrong order: dx off by 2.7)."""
+    f = normc.compile(normc.spec("n (g k) h w : norm over k h w ; scale g k ; shift g k", g=2))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 6, 2, 2)).astype(np.float32)
+    w, b = np.ones(6, np.float32), np.zeros(6, np.float32)
+    y, m, r = f(x, w, b, return_stats=True)
+    assert m.shape == (3, 2)
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    for name, mm, rr in (("mean", m.T.copy(), r), ("rstd", m, r.T.copy())):
+        with pytest.raises(ArgumentError, match=rf"{name} has shape \(2, 3\); expected \(3, 2\)"):
+            f.backward(dy, x, mm, rr, w)
+    dx, _, _ = f.backward(dy, x, m.reshape(-1), r.reshape(-1), w)  # flat, in order: accepted
+    assert dx.shape == x.shape
+
+
 def test_transposed_multi_axis_scale_is_refused():
     """A scale whose shape is the step axes' extents in another order (transposed) is refused: it would scale
     the wrong elements. Other shapes of the right size are read in spec axis order."""
