@@ -737,8 +737,9 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
                     why.append(f"schedule forced to a cluster of {C} CTAs x {tpr} threads per row")
                     break
     if force in ("looped", "split", "coop") and force != schedule:
+        why.append(f"schedule forced to {force}: {STREAM_THREADS} threads per row, {LOOP_UNROLL} vectors per loop "
+                   f"trip, instead of the {schedule or 'streaming'} tiling above")
         schedule, tpr, per, cluster = force, STREAM_THREADS, LOOP_UNROLL, 1
-        why.append(f"schedule forced to {force}")
     if schedule in ("looped", "split") and vec * dbytes["x"] < MAX_VECTOR_BYTES and NARROW_LOOP_UNROLL > per:
         per = min(NARROW_LOOP_UNROLL, per * MAX_VECTOR_BYTES // (vec * dbytes["x"]))
         why.append(f"{vec * dbytes['x']} B vectors: {per} per loop trip ({per * vec * dbytes['x']} B in flight per thread)")
