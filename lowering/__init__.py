@@ -9,6 +9,7 @@ an sm_XX cubin with nvJitLink and reports registers, spills and stack, without n
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import threading
@@ -50,20 +51,46 @@ class LoweredKernel:
 
 
 def arch_cc(arch) -> tuple:
-    """``"sm_90"`` / ``"90"`` / ``(9, 0)`` -> ``(9, 0)``. Raises :class:`normc.ArgumentError` otherwise."""
+    """``"sm_90"`` / ``"90"`` / ``(9, 0)`` -> ``(9, 0)``.
+
+    Raises:
+        normc.ArgumentError: ``arch`` is not a compute capability, is one older than :data:`MIN_CC`, is not
+            one of :func:`supported_ccs` (Numba would compile for another), or is arch-specific (``sm_90a``:
+            normc emits portable PTX only).
+    """
     from ..errors import ArgumentError
 
     if isinstance(arch, tuple) and len(arch) == 2 and all(isinstance(a, int) for a in arch):
         cc = arch
     else:
-        m = re.fullmatch(r"(?:sm_|compute_)?(\d+)(\d)a?", str(arch).strip())
+        m = re.fullmatch(r"(?:sm_|compute_)?(\d+)(\d)([af]?)", str(arch).strip())
         if not m:
             raise ArgumentError(f"arch is {arch!r}; expected a compute capability such as 'sm_90'")
         cc = (int(m.group(1)), int(m.group(2)))
+        if m.group(3):
+            raise ArgumentError(f"arch is {arch!r}; arch-specific targets (the '{m.group(3)}' suffix) are not "
+                                f"supported: normc emits portable PTX, e.g. 'sm_{cc[0]}{cc[1]}'")
     if cc < MIN_CC:
         raise ArgumentError(f"arch sm_{cc[0]}{cc[1]} is not supported; expected compute capability "
                             f"{MIN_CC[0]}.{MIN_CC[1]} or newer (the oldest NVVM supports), e.g. 'sm_90'")
+    known = supported_ccs()
+    if known and cc not in known:
+        raise ArgumentError(f"arch is {arch!r}: compute capability {cc[0]}.{cc[1]} is not one this CUDA toolkit "
+                            f"compiles for; expected one of {', '.join(f'sm_{a}{b}' for a, b in known)}")
     return cc
+
+
+@functools.cache
+def supported_ccs() -> tuple:
+    """The compute capabilities the installed CUDA toolkit compiles for, ascending (Numba's list: it compiles
+    any other for the nearest older one of them); ``()`` when there is no toolkit to ask (no NVRTC, or Numba's
+    simulator), and then :func:`arch_cc` checks the form and :data:`MIN_CC` only."""
+    try:
+        from numba.cuda.cudadrv.nvrtc import get_supported_ccs
+
+        return tuple(sorted(get_supported_ccs()))
+    except Exception:  # ImportError, the simulator's module without it, or NVRTC missing or failing to load
+        return ()
 
 
 # The oldest target the CUDA 13 NVVM accepts.

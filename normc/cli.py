@@ -276,37 +276,37 @@ def _cmd_bench(args) -> int:
 
 
 def _cmd_cache(args) -> int:
-    import json
-
     from .runtime import cache
 
     d = cache.cache_dir()
-    files = sorted(f for f in os.listdir(d) if f.endswith(".json")) if os.path.isdir(d) else []
     if args.action == "dir":
         print(d)
         return 0
+    try:  # only files named as the cache names them: anything else in the directory is not normc's
+        names = cache.entry_names(temporary=args.action == "clear")
+    except OSError as e:
+        raise _UsageError(f"cannot list {d}: {e.strerror or e}") from None
     if args.action == "clear":
         n = 0
-        for f in os.listdir(d) if os.path.isdir(d) else []:
-            if f.endswith(".json"):
-                try:
-                    os.unlink(os.path.join(d, f))
-                    n += 1
-                except OSError as e:
-                    raise _UsageError(f"cannot remove {os.path.join(d, f)}: {e.strerror or e}") from None
+        for f in names:
+            try:
+                os.unlink(os.path.join(d, f))
+                n += not f.startswith(".")  # an entry, not the temporary file of an unfinished write
+            except FileNotFoundError:  # removed meanwhile (a concurrent clear, or a write renamed into place)
+                pass
+            except OSError as e:
+                raise _UsageError(f"cannot remove {os.path.join(d, f)}: {e.strerror or e}") from None
         print(f"removed {n} cached kernel set(s) from {d}")
         return 0
-    print(f"{d}: {len(files)} cached kernel set(s)")
-    for f in files:
-        path = os.path.join(d, f)
-        try:
-            with open(path) as fh:
-                payload = json.load(fh).get("payload", {})
-        except (OSError, ValueError):
-            payload = {}
-        info = payload.get("summary", "(no summary)")
-        size = os.path.getsize(path)
-        print(f"  {f[:16]}  {size / 1024:8.1f} KiB  {len(payload.get('kernels', []))} kernel(s)  {info}")
+    entries = [(f, cache.load(f[:-len(".json")])) for f in names]
+    bad = sum(payload is None for _, payload in entries)
+    print(f"{d}: {len(entries) - bad} cached kernel set(s)"
+          + (f", {bad} unreadable or corrupt (rebuilt when next needed)" if bad else ""))
+    for f, payload in entries:
+        if payload is not None:
+            size = os.path.getsize(os.path.join(d, f))
+            print(f"  {f[:16]}  {size / 1024:8.1f} KiB  {len(payload['kernels'])} kernel(s)  "
+                  f"{payload.get('summary', '(no summary)')}")
     return 0
 
 
@@ -434,7 +434,7 @@ examples:
     p = sub.add_parser(
         "cache", help="list or clear the on-disk kernel cache",
         description="The on-disk kernel cache ($NORMC_CACHE_DIR, else the user cache directory): list its "
-                    "entries, clear it, or print its directory.",
+                    "entries, clear it (only files named as its entries are), or print its directory.",
         epilog="examples:\n  normc cache list\n  normc cache clear\n  NORMC_CACHE_DIR=/tmp/k normc cache dir\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

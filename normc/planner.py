@@ -38,9 +38,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from .canonical import Axis
+from .errors import ArgumentError
 from .lowering.codegen import STREAM_THREADS_PER_SM  # the streaming kernels' launch bounds: grids are sized to them
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -324,10 +325,25 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        """The plan written by :meth:`to_json`. Raises ValueError/TypeError on malformed text."""
-        d = json.loads(text)
-        d["axes"] = tuple(Axis(**a) for a in d["axes"])
-        d["why"] = tuple(d["why"])
+        """The plan written by :meth:`to_json`.
+
+        Raises:
+            TypeError: ``text`` is not a str, bytes or bytearray.
+            normc.ArgumentError: (a ValueError) ``text`` is not JSON, or not a plan's JSON object; the
+                message names the missing, unknown or malformed field.
+        """
+        try:
+            d = json.loads(text)
+        except ValueError as e:
+            raise ArgumentError(f"text is not JSON ({e}); expected the text of Plan.to_json()") from None
+        d = _json_fields(d, cls, "text")
+        axes = d["axes"]
+        if not isinstance(axes, list):
+            raise ArgumentError(f"text: axes is {axes!r}; expected a list of axis objects")
+        d["axes"] = tuple(Axis(**_json_fields(a, Axis, f"text: axes[{i}]")) for i, a in enumerate(axes))
+        if not isinstance(d.get("why", []), list):
+            raise ArgumentError(f"text: why is {d['why']!r}; expected a list of strings")
+        d["why"] = tuple(d.get("why", ()))
         return cls(**d)
 
     def describe(self) -> str:
@@ -370,6 +386,22 @@ class Plan:
         return "\n".join(lines)
 
     __str__ = describe
+
+
+def _json_fields(d, cls, what) -> dict:
+    """``d``, a JSON value read as the fields of dataclass ``cls``; :class:`normc.ArgumentError` naming
+    ``what`` unless it is an object with each field ``cls`` requires and none it lacks."""
+    if not isinstance(d, dict):
+        raise ArgumentError(f"{what} holds a JSON {type(d).__name__}; expected an object of {cls.__name__} "
+                            f"fields, as Plan.to_json() writes")
+    missing = [f.name for f in fields(cls)
+               if f.name not in d and f.default is MISSING and f.default_factory is MISSING]
+    unknown = sorted(set(d) - {f.name for f in fields(cls)})
+    problems = ([f"lacks {cls.__name__} field(s) {', '.join(missing)}"] if missing else []) + (
+        [f"has unknown field(s) {', '.join(unknown)}"] if unknown else [])
+    if problems:
+        raise ArgumentError(f"{what} {' and '.join(problems)}; expected the JSON Plan.to_json() writes")
+    return dict(d)
 
 
 def _clusters_ok(arch) -> bool:
@@ -523,8 +555,6 @@ def check_grid(grid, kept, reduced):
     """Raise :class:`normc.ArgumentError` when a kernel would need more CTAs than one launch can have
     (MAX_GRID_X along x: the CUDA programming guide's limit on gridDim.x)."""
     if grid > MAX_GRID_X:
-        from .errors import ArgumentError
-
         raise ArgumentError(f"x of {kept} x {reduced} elements would need a grid of {grid} CTAs; a launch holds at "
                             f"most {MAX_GRID_X} (2^31 - 1) along x")
 

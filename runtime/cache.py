@@ -15,10 +15,15 @@ import base64
 import hashlib
 import json
 import os
+import re
 import tempfile
 import warnings
 
 _warned = False
+
+# Names of the files the cache writes: entries (make_key's SHA-256 hex digest) and store's temporary files.
+_ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.json")
+_TEMP_NAME = re.compile(r"\.tmp-\w+\.json")
 
 
 def cache_dir() -> str:
@@ -34,6 +39,25 @@ def cache_dir() -> str:
 def make_key(parts: dict) -> str:
     """SHA-256 hex digest of a JSON-serializable key."""
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def entry_names(temporary=False) -> list:
+    """Sorted names of the entry files in :func:`cache_dir` (regular files named like a :func:`make_key` key
+    plus ``.json``), with the temporary files of unfinished writes too when ``temporary``. Other files and
+    directories there are not the cache's and are left out; no directory means no entries.
+
+    Raises:
+        OSError: the directory exists but cannot be listed.
+    """
+    def ours(e):
+        named = _ENTRY_NAME.fullmatch(e.name) or (temporary and _TEMP_NAME.fullmatch(e.name))
+        return named and e.is_file(follow_symlinks=False)
+
+    try:
+        with os.scandir(cache_dir()) as it:
+            return sorted(e.name for e in it if ours(e))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 def _warn_once(msg):
@@ -57,7 +81,7 @@ def load(key: str):
             if k.get("cubin"):
                 k["cubin"] = base64.b64decode(k["cubin"])
         return payload
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

@@ -169,6 +169,9 @@ def test_plan_eps_and_sizes(capsys):
         (["plan", IN_SPEC, "--shape", "2,3,4,5", "--size", "g"], "--size"),
         (["plan", IN_SPEC, "--shape", "2,3,4,5", "--size", "g=4"], "not an axis"),
         (["plan", IN_SPEC, "--shape", "2,3,4,5", "--arch", "volta"], "arch"),
+        (["ptx", "t d : norm over d", "--shape", "2,5", "--arch", "sm_999"], "'sm_999': compute capability 99.9"),
+        (["ptx", "t d : norm over d", "--shape", "2,5", "--arch", "sm_130"], "'sm_130': compute capability 13.0"),
+        (["ptx", "t d : norm over d", "--shape", "2,5", "--arch", "sm_90a"], "'sm_90a'; arch-specific targets"),
         (["plan", "n (g k) h w : norm over k h w", "--size", "g=32", "--shape", "2,48,4,4"], "divisible"),
     ],
 )
@@ -177,6 +180,13 @@ def test_errors_exit_2_with_one_line(args, needle, capsys):
     out, err = capsys.readouterr()
     assert out == ""
     assert needle in _one_error_line(err)
+
+
+@pytest.mark.parametrize("arch", ["sm_75", "sm_86", "sm_90", "sm_100", "sm_120"])
+def test_ptx_targets_the_arch_asked_for(arch, capsys):
+    """Architectures the toolkit compiles for are kept as given (sm_999 once printed ``.target sm_121``)."""
+    assert main(["ptx", "t d : norm over d", "--shape", "2,5", "--arch", arch]) == 0
+    assert re.findall(r"^\.target (\S+)$", capsys.readouterr().out, re.M) == [arch]
 
 
 def test_spec_error_reports_column(capsys):
@@ -240,8 +250,8 @@ def test_cache_list_dir_clear(tmp_path, monkeypatch, capsys):
     from normc.runtime import cache
 
     monkeypatch.setenv("NORMC_CACHE_DIR", str(tmp_path))
-    cache.store("k" * 64, {"kernels": [{"ptx": "", "cubin": None, "entry": "e", "grid": 1, "block": 32,
-                                        "shared_bytes": 0}], "summary": "inner/persistent 4x8 float32"})
+    kernel = {"ptx": "", "cubin": None, "entry": "e", "grid": 1, "block": 32, "shared_bytes": 0}
+    cache.store(cache.make_key({"test": 1}), {"kernels": [kernel], "summary": "inner/persistent 4x8 float32"})
     assert main(["cache", "dir"]) == 0 and capsys.readouterr().out.strip() == str(tmp_path)
     assert main(["cache", "list"]) == 0
     out = capsys.readouterr().out
@@ -249,6 +259,30 @@ def test_cache_list_dir_clear(tmp_path, monkeypatch, capsys):
     assert main(["cache", "clear"]) == 0
     assert "removed 1" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cache_clear_and_list_touch_only_cache_entries(tmp_path, monkeypatch, capsys):
+    """A break test ran ``normc cache clear`` on a directory holding other files: it removed every *.json
+    (package.json too) and stopped at a directory named *.json; ``normc cache list`` crashed on a JSON list."""
+    from normc.runtime import cache
+
+    monkeypatch.setenv("NORMC_CACHE_DIR", str(tmp_path))
+    key = cache.make_key({"test": 2})
+    cache.store(key, {"kernels": [], "summary": "tuned schedule: split"})
+    (tmp_path / "package.json").write_text("{}")  # not the cache's: kept
+    (tmp_path / "a.json").write_text("[1]")
+    (tmp_path / f"{'ab' * 32}.json").write_text("[1]")  # named like an entry, not one: listed as unreadable
+    (tmp_path / f"{'cd' * 32}.json").mkdir()  # a directory: skipped
+    (tmp_path / ".tmp-x1_y2.json").write_text("{")  # an interrupted write's temporary file: cleared
+    assert main(["cache", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert out.splitlines()[0] == (f"{tmp_path}: 1 cached kernel set(s), 1 unreadable or corrupt (rebuilt when "
+                                   f"next needed)")
+    assert len(out.splitlines()) == 2 and key[:16] in out and "tuned schedule: split" in out
+    assert main(["cache", "clear"]) == 0
+    assert capsys.readouterr().out == f"removed 2 cached kernel set(s) from {tmp_path}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", f"{'cd' * 32}.json", "package.json"]
 
 
 def test_unquoted_spec_and_cli_split_size_hints(capsys):

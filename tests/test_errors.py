@@ -252,6 +252,49 @@ def test_read_only_out_and_bad_arch_and_huge_shape():
         normc.plan(PLAIN, (2**40, 2**40))
 
 
+def test_arch_the_toolkit_does_not_compile_for_is_named():
+    """A break test found sm_999/sm_130 compiled for sm_121, sm_95/sm_91 for sm_90, and sm_90a/sm_100a for
+    sm_90/sm_100 (the 'a' dropped), silently: each is now an ArgumentError naming arch."""
+    from normc.lowering import arch_cc, supported_ccs
+
+    assert (9, 0) in supported_ccs() and (12, 1) in supported_ccs()  # the installed toolkit's list
+    for arch in ("sm_999", "sm_95", "sm_91", "sm_130", "95", (9, 5), (13, 0)):
+        with raises(ArgumentError, "arch", "not one this CUDA toolkit compiles for", "sm_90, sm_100"):
+            normc.plan(PLAIN, (2, 8), arch=arch)
+        with raises(ArgumentError, "arch"):
+            normc.compile(PLAIN, arch=arch)
+    for arch in ("sm_90a", "sm_100a", "compute_90a", "sm_100f"):
+        with raises(ArgumentError, "arch", repr(arch), "arch-specific targets", "not supported"):
+            normc.plan(PLAIN, (2, 8), arch=arch)
+    assert normc.plan(PLAIN, (2, 8), arch="compute_100").arch == "sm_100"
+    assert arch_cc("sm_121") == (12, 1) and arch_cc((10, 3)) == (10, 3)
+
+
+def test_malformed_plan_json_names_what_is_wrong():
+    """``Plan.from_json("{}")`` raised a bare KeyError: 'axes', and ``"[1,2]"`` a TypeError about list
+    indices; malformed text is now an ArgumentError (a ValueError, as documented) naming what is wrong."""
+    import json
+
+    good = json.loads(normc.plan(PLAIN, (4, 8)).to_json())
+    no_axis_x = {**good, "axes": [{k: v for k, v in a.items() if k != "x"} for a in good["axes"]]}
+    cases = [
+        ("{}", ["text lacks Plan field(s) strategy, schedule, axes,"]),
+        ("[1,2]", ["text holds a JSON list", "expected an object of Plan fields"]),
+        ("not json", ["text is not JSON"]),
+        (json.dumps({k: v for k, v in good.items() if k != "grid"}), ["text lacks Plan field(s) grid;"]),
+        (json.dumps({**good, "bogus": 1}), ["text has unknown field(s) bogus"]),
+        (json.dumps({**good, "axes": 3}), ["text: axes is 3", "list"]),
+        (json.dumps({**good, "axes": [7]}), ["text: axes[0] holds a JSON int"]),
+        (json.dumps(no_axis_x), ["text: axes[0] lacks Axis field(s) x;"]),
+        (json.dumps({**good, "why": "a reason"}), ["text: why is 'a reason'", "list"]),
+    ]
+    for text, words in cases:
+        with raises(ArgumentError, *words):
+            normc.Plan.from_json(text)
+    assert issubclass(ArgumentError, ValueError)
+    assert normc.Plan.from_json(json.dumps(good)) == normc.plan(PLAIN, (4, 8))
+
+
 def test_dtypes_as_numpy_objects_are_accepted_or_named():
     """dtype arguments may be names or numpy dtype objects/types (a fresh user passed np.dtype("float16") to
     normc.plan and got a bare KeyError); anything else is an ArgumentError naming the argument."""

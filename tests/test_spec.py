@@ -4,6 +4,7 @@ import dataclasses
 import math
 import types
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -248,6 +249,28 @@ def test_eps_accepts_ints_and_zero():
     assert spec("t d : norm over d", eps=1).eps == 1.0
 
 
+FLOAT32_TINIEST = float(np.finfo(np.float32).smallest_subnormal)  # 1.4e-45
+
+
+@pytest.mark.parametrize("eps", [1e-50, 5e-324, FLOAT32_TINIEST / 2])
+def test_eps_that_rounds_to_zero_in_float32_is_rejected(eps):
+    """The kernels add eps in float32: a break test's eps=1e-50 became 0 there, and a constant row got
+    rstd = inf and y = NaN. Such an eps is a SpecError saying so; the smallest float32 that is not 0 works."""
+    for make in (lambda: spec("t d : norm over d", eps=eps), lambda: layer_norm(eps=eps),
+                 lambda: Spec(("t", "d"), "norm", ("d",), None, None, eps)):
+        with pytest.raises(SpecError, match=r"eps .* rounds to 0 in float32; use 0 or at least 1.4e-45"):
+            make()
+
+
+def test_smallest_float32_eps_keeps_a_constant_row_finite():
+    import normc
+
+    s = spec("t d : norm over d", eps=FLOAT32_TINIEST)
+    assert s.eps == FLOAT32_TINIEST
+    y = normc.compile(s)(np.full((2, 5), 3.0, np.float32))  # on the simulator
+    assert np.array_equal(y, np.zeros((2, 5), np.float32))
+
+
 @pytest.mark.parametrize("text", [None, 3, b"t d : norm over d", ["t", "d"]])
 def test_text_not_str(text):
     with pytest.raises(SpecError, match="str"):
@@ -400,7 +423,7 @@ def valid_specs(draw):
     scale = draw(st.none() | st.lists(st.sampled_from(names), min_size=1, unique=True))
     shift = draw(st.none() | st.lists(st.sampled_from(names), min_size=1, unique=True))
     stat = draw(st.sampled_from(["norm", "rms"]))
-    eps = draw(st.floats(0, 1, allow_nan=False))
+    eps = draw(st.one_of(st.just(0.0), st.floats(FLOAT32_TINIEST, 1)))  # a positive eps is nonzero in float32
     sp = lambda: draw(st.sampled_from(["", " ", "  ", "\t", "\n"]))  # noqa: E731
     out = sp()
     for d in dims:
