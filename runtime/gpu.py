@@ -24,9 +24,20 @@ except ImportError:  # pragma: no cover - depends on the installed cuda-core
 
 @functools.lru_cache(maxsize=None)
 def device_cc(ordinal: int) -> tuple:
-    """Compute capability of CUDA device ``ordinal`` as (major, minor)."""
+    """The compute capability normc compiles for on CUDA device ``ordinal``, as (major, minor): the device's
+    own, or, on a device newer than every target the installed CUDA toolkit compiles for
+    (:func:`normc.lowering.supported_ccs`), the newest of those (the driver JIT-compiles PTX for an older
+    target onto a newer device)."""
+    from ..lowering import supported_ccs
+
     cc = Device(ordinal).compute_capability
-    return (cc.major, cc.minor) if hasattr(cc, "major") else tuple(cc)
+    cc = (cc.major, cc.minor) if hasattr(cc, "major") else tuple(cc)
+    known = supported_ccs()
+    if known and cc not in known:
+        older = [k for k in known if k <= cc]
+        if older:
+            return older[-1]
+    return cc
 
 
 @functools.lru_cache(maxsize=None)

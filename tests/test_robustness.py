@@ -379,3 +379,25 @@ def test_numba_simulator_environment_runs_numpy_input(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert float(out.stdout.split()[-1]) < 1e-5
+
+
+@pytest.mark.parametrize("device, known, want", [
+    ((9, 0), ((8, 0), (9, 0), (10, 0)), (9, 0)),     # a target the toolkit compiles for: itself
+    ((13, 5), ((8, 0), (9, 0), (12, 1)), (12, 1)),   # newer than the toolkit: its newest target (PTX JIT)
+    ((9, 0), (), (9, 0)),                             # no toolkit to ask: the device's own
+])
+def test_device_newer_than_the_toolkit_compiles_for_its_newest_target(monkeypatch, device, known, want):
+    """The runtime compiles for the device's compute capability, except on a GPU newer than every target the
+    installed toolkit knows, where it takes the newest of those (arch_cc would refuse the device's own)."""
+    import types
+
+    import normc.lowering as lowering
+    from normc.runtime import gpu
+
+    monkeypatch.setattr(gpu, "Device", lambda ordinal: types.SimpleNamespace(compute_capability=device))
+    monkeypatch.setattr(lowering, "supported_ccs", lambda: known)
+    gpu.device_cc.cache_clear()
+    try:
+        assert gpu.device_cc(0) == want
+    finally:
+        gpu.device_cc.cache_clear()
