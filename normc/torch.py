@@ -24,6 +24,7 @@ Modes normc does not accelerate are delegated to torch itself: batch norm and in
 with running statistics (an elementwise affine map, no reduction).
 """
 
+import dataclasses
 import functools
 import math
 from typing import Optional
@@ -66,6 +67,22 @@ def _kernel_ok(x, *params):
 def _stat_shape(spec, shape):
     sizes = spec.axis_sizes(tuple(shape))
     return tuple(sizes[a] for a in spec.kept)
+
+
+def _fake_sizes(spec, shape):
+    """``spec.axis_sizes(shape)`` for the fake implementations, whose shapes may hold symbolic sizes
+    (``torch.compile`` with dynamic shapes, ``torch.export``): the same arithmetic without validating the
+    extents as ints (the real implementation validates them)."""
+    if all(isinstance(e, int) for e in shape):
+        return spec.axis_sizes(tuple(shape))
+    if len(shape) != spec.ndim:
+        spec.axis_sizes(tuple(shape))  # raises the rank error
+    given, out = dict(spec.sizes), {}
+    for d, extent in zip(spec.dims, shape):
+        known = math.prod(given[p] for p in d if p in given)
+        for p in d:
+            out[p] = given[p] if p in given else extent // known
+    return out
 
 
 def _like_x(x, t):
@@ -152,7 +169,40 @@ def _norm_impl(x, weight, bias, spec, eps, sizes):
     b = None if bias is None else bias.contiguous()
     if _kernel_ok(x, w, b):
         return _compiled(spec, eps, sizes)(x, w, b, return_stats=True)
+    _check_reference_args(sp, x, w, b)
     return reference_forward(sp, x, w, b)
+
+
+_FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+
+
+def _check_reference_args(spec, x, weight, bias):
+    """The checks normc's runtime makes on the kernels' path, for the torch reference path (CPU tensors,
+    float64, other dtypes).
+
+    Raises:
+        normc.ArgumentError: x is not a floating-point tensor of the spec's logical shape, or weight/bias is
+            missing, given for a spec without its step, not floating point, or of the wrong element count.
+    """
+    if x.dtype not in _FLOATS:
+        raise normc.ArgumentError(f"x has dtype {x.dtype}; expected a floating-point tensor "
+                                  f"({', '.join(str(d) for d in _FLOATS)})")
+    sizes = spec.axis_sizes(tuple(x.shape))
+    for name, t, axes in (("weight", weight, spec.scale), ("bias", bias, spec.shift)):
+        step = "scale" if name == "weight" else "shift"
+        if axes is None:
+            if t is not None:
+                raise normc.ArgumentError(f"{name} was given but the spec '{spec}' has no {step} step")
+            continue
+        if t is None:
+            raise normc.ArgumentError(f"{name} is required: the spec has '{step} {' '.join(axes)}'")
+        want = math.prod(sizes[a] for a in axes)
+        if t.numel() != want:
+            ext = " x ".join(f"{a}={sizes[a]}" for a in axes)
+            raise normc.ArgumentError(f"{name} has {t.numel()} elements (shape {tuple(t.shape)}); expected {want} "
+                                      f"({ext})")
+        if t.dtype not in _FLOATS:
+            raise normc.ArgumentError(f"{name} has dtype {t.dtype}; expected a floating-point tensor")
 
 
 @torch.library.custom_op("normc::norm", mutates_args=())
@@ -164,7 +214,8 @@ def _norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], spec: str
 @_norm.register_fake
 def _norm_fake(x, weight, bias, spec, eps, sizes):
     sp = _spec_of(spec, eps, sizes)
-    st = _stat_shape(sp, x.shape)
+    sz = _fake_sizes(sp, x.shape)
+    st = tuple(sz[a] for a in sp.kept)
     sdt = torch.float64 if x.dtype == torch.float64 else torch.float32
     y = torch.empty_strided(tuple(x.shape), dense_like(tuple(x.shape), x.stride()), dtype=x.dtype, device=x.device)
     return y, x.new_empty(st, dtype=sdt), x.new_empty(st, dtype=sdt)
@@ -198,13 +249,15 @@ def _norm_backward(dy: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, weight: Op
 @_norm_backward.register_fake
 def _norm_backward_fake(dy, x, mean, rstd, weight, spec, eps, sizes, need_dweight, need_dbias, bias_dtype):
     sp = _spec_of(spec, eps, sizes)
-    sz = sp.axis_sizes(tuple(x.shape))
+    sz = _fake_sizes(sp, x.shape)
     dx = torch.empty_strided(tuple(x.shape), dense_like(tuple(x.shape), x.stride()), dtype=x.dtype,
                              device=x.device)
     pdt = weight.dtype if weight is not None else x.dtype
-    dw = x.new_empty((math.prod(sz[a] for a in sp.scale),) if need_dweight and sp.scale else (0,), dtype=pdt)
-    db = x.new_empty((math.prod(sz[a] for a in sp.shift),) if need_dbias and sp.shift else (0,),
-                     dtype=bias_dtype or pdt)
+    # a gradient not asked for is an empty tensor of x's dtype, as the real implementation returns it
+    dw = (x.new_empty((math.prod(sz[a] for a in sp.scale),), dtype=pdt) if need_dweight and sp.scale
+          else x.new_empty(0))
+    db = (x.new_empty((math.prod(sz[a] for a in sp.shift),), dtype=bias_dtype or pdt) if need_dbias and sp.shift
+          else x.new_empty(0))
     return dx, dw, db
 
 
@@ -221,6 +274,8 @@ def _autograd_backward(ctx, dy, dmean, drstd, backward_op=None):
     spec, eps, sizes, has_bias, bias_dtype, bias_shape, w_shape = ctx.meta
     need_w = weight is not None and ctx.needs_input_grad[1]
     need_b = has_bias and ctx.needs_input_grad[2]
+    if backward_op is not None and torch.is_grad_enabled():
+        return _differentiable_backward(ctx, dy, x, weight, need_w, need_b)
     op = backward_op or torch.ops.normc.norm_backward
     dx, dw, db = op(dy, x, mean, rstd, weight, spec, eps, sizes, need_w, need_b, bias_dtype)
     return (dx, dw.reshape(w_shape) if need_w else None, db.reshape(bias_shape) if need_b else None,
@@ -230,12 +285,37 @@ def _autograd_backward(ctx, dy, dmean, drstd, backward_op=None):
 _norm.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
+def _differentiable_backward(ctx, dy, x, weight, need_w, need_b):
+    """The eager backward when autograd records it (``create_graph=True``: double backward, Hessian-vector
+    products): the forward recomputed from x with torch ops (:func:`reference_forward`, mean and rstd as
+    functions of x, not the saved constants) and differentiated by autograd, so second derivatives are right.
+    The bias enters y additively: its gradient is dy summed over the other axes."""
+    spec, eps, sizes, has_bias, bias_dtype, bias_shape, w_shape = ctx.meta
+    sp = _spec_of(spec, eps, sizes)
+    inputs = [t for t, need in ((x, ctx.needs_input_grad[0]), (weight, need_w)) if need]
+    grads = []
+    if inputs:
+        with torch.enable_grad():
+            y = reference_forward(dataclasses.replace(sp, shift=None), x, weight)[0]  # the bias: below
+            grads = list(torch.autograd.grad(y, inputs, dy, create_graph=True, allow_unused=True))
+    dx = grads.pop(0) if ctx.needs_input_grad[0] else None
+    dw = grads.pop(0).reshape(w_shape) if need_w else None
+    db = None
+    if need_b:
+        g, _ = _full(sp, dy)
+        dims = [i for i, a in enumerate(sp.axes) if a not in sp.shift]
+        db = (g.sum(dim=dims) if dims else g).reshape(bias_shape).to(bias_dtype)
+    return dx, dw, db, None, None, None
+
+
 @functools.lru_cache(maxsize=1024)
 def _spec_args(spec):
     """``(text, eps, sizes)``, the custom ops' spelling of a :class:`Spec` (or of spec text), memoized: the
     modules pass the same few specs on every call."""
     if isinstance(spec, str):
         spec = normc.spec(spec)
+    if not isinstance(spec, Spec):
+        raise normc.ArgumentError(f"spec is {spec!r}; expected a normc.Spec or spec text")
     return spec.text, float(spec.eps), _sizes_text(spec)
 
 
@@ -255,14 +335,18 @@ def normalize(x: Tensor, spec, weight: Optional[Tensor] = None, bias: Optional[T
         spec: a :class:`normc.Spec` or its text.
         weight, bias: the scale / shift, required exactly when the spec has the step (any shape holding the
             product of their axes' extents, spec axis order).
-        return_stats: also return float32 ``mean`` and ``rstd`` (kept axes in spec order; not differentiable).
+        return_stats: also return ``mean`` and ``rstd`` (kept axes in spec order; not differentiable): float32,
+            float64 for a float64 x.
 
     Returns:
         ``y`` (x's shape, dtype and memory order), or ``(y, mean, rstd)``.
 
     Raises:
-        normc.ArgumentError: shapes or dtypes do not fit the spec.
+        normc.ArgumentError: x is not a floating-point tensor, or shapes or dtypes do not fit the spec (weight
+            or bias missing, extra or of the wrong size).
     """
+    if not isinstance(x, Tensor):
+        raise normc.ArgumentError(f"x is a {type(x).__name__}; expected a torch.Tensor")
     if torch.compiler.is_compiling():
         y, mean, rstd = torch.ops.normc.norm(x, weight, bias, *_spec_args(spec))
     else:
@@ -314,33 +398,51 @@ class NormFunction(torch.autograd.Function):
 
 
 @functools.lru_cache(maxsize=1024)
-def _channel_spec(kind, ndim, eps, affine, groups=None):
-    """Spec for an (n, c, *spatial) input of rank ``ndim``: instance / group norm / batch statistics
-    (memoized, as the specs above)."""
+def _channel_spec(kind, ndim, eps, scale, shift, groups=None):
+    """Spec for an (n, c, *spatial) input of rank ``ndim``: instance / group norm / batch statistics, with a
+    per-channel scale and shift where ``scale`` / ``shift`` (the module's weight / bias exist: ``affine``, and
+    ``bias=False`` drops the shift) (memoized, as the specs above)."""
     spatial = tuple(f"s{i}" for i in range(ndim - 2))
-    par = ("c",) if affine else None
+    par = ("c",) if kind != "group" else ("g", "k")
+    sc, sh = (par if scale else None), (par if shift else None)
     if kind == "instance":
-        return Spec((("n",), ("c",)) + tuple((a,) for a in spatial), "norm", spatial, par, par, eps)
+        return Spec((("n",), ("c",)) + tuple((a,) for a in spatial), "norm", spatial, sc, sh, eps)
     if kind == "batch":
-        return Spec((("n",), ("c",)) + tuple((a,) for a in spatial), "norm", ("n",) + spatial, par, par, eps)
-    gpar = ("g", "k") if affine else None
-    return Spec((("n",), ("g", "k")) + tuple((a,) for a in spatial), "norm", ("k",) + spatial, gpar, gpar, eps,
+        return Spec((("n",), ("c",)) + tuple((a,) for a in spatial), "norm", ("n",) + spatial, sc, sh, eps)
+    return Spec((("n",), ("g", "k")) + tuple((a,) for a in spatial), "norm", ("k",) + spatial, sc, sh, eps,
                 (("g", groups),))
+
+
+def _channel_args(mod, kind, x, groups=None):
+    """The spec of channel norm ``mod`` for ``x`` and its (weight, bias)."""
+    w, b = mod.weight, mod.bias
+    return _channel_spec(kind, x.dim(), mod.eps, w is not None, b is not None, groups), w, b
 
 
 class LayerNorm(nn.LayerNorm):
     """``torch.nn.LayerNorm`` (same arguments and state) computed by normc."""
 
     def forward(self, x):
+        _check_normalized_shape(x, self.normalized_shape)
         sp = _layer_norm_spec(x.dim(), len(self.normalized_shape), eps=self.eps,
                               elementwise_affine=self.elementwise_affine, bias=self.bias is not None)
         return normalize(x, sp, self.weight, self.bias)
+
+
+def _check_normalized_shape(x, normalized_shape):
+    """Raise :class:`normc.ArgumentError` unless x's trailing extents are ``normalized_shape`` (as torch's
+    ``F.layer_norm`` / ``F.rms_norm`` require)."""
+    n = len(normalized_shape)
+    if x.dim() < n or tuple(x.shape[x.dim() - n:]) != tuple(normalized_shape):
+        raise normc.ArgumentError(f"x has shape {tuple(x.shape)}; expected [*, {', '.join(map(str, normalized_shape))}]"
+                                  f" (normalized_shape={list(normalized_shape)})")
 
 
 class RMSNorm(nn.RMSNorm):
     """``torch.nn.RMSNorm`` (same arguments and state; ``eps=None`` means ``torch.finfo(x.dtype).eps``)."""
 
     def forward(self, x):
+        _check_normalized_shape(x, self.normalized_shape)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         sp = _rms_norm_spec(x.dim(), len(self.normalized_shape), eps=eps, elementwise_affine=self.elementwise_affine)
         return normalize(x, sp, self.weight)
@@ -350,8 +452,8 @@ class GroupNorm(nn.GroupNorm):
     """``torch.nn.GroupNorm`` (same arguments and state) computed by normc; channels-last stays channels-last."""
 
     def forward(self, x):
-        sp = _channel_spec("group", x.dim(), self.eps, self.affine, self.num_groups)
-        return normalize(x, sp, self.weight, self.bias)
+        sp, w, b = _channel_args(self, "group", x, self.num_groups)
+        return normalize(x, sp, w, b)
 
 
 class _InstanceMixin:
@@ -363,9 +465,11 @@ class _InstanceMixin:
         self._check_input_dim(x)
         if self.track_running_stats and not self.training:
             return super().forward(x)  # running statistics: an elementwise map, torch's own
-        sp = _channel_spec("instance", x.dim(), self.eps, self.affine)
-        y, mean, rstd = normalize(x, sp, self.weight, self.bias, return_stats=True)
-        if self.track_running_stats and self.training:
+        if math.prod(x.shape[2:]) == 1:  # as torch (input statistics): one value cannot be normalized
+            raise ValueError(f"Expected more than 1 spatial element when training, got input size {list(x.shape)}")
+        sp, w, b = _channel_args(self, "instance", x)
+        y, mean, rstd = normalize(x, sp, w, b, return_stats=True)
+        if self.track_running_stats and self.training and x.numel():
             _update_running(self, mean.mean(0), _unbiased_var(rstd, self.eps, math.prod(x.shape[2:])).mean(0),
                             count=False)
         return y
@@ -410,11 +514,17 @@ class _BatchMixin:
         use_batch = self.training or not self.track_running_stats
         if not use_batch:
             return super().forward(x)  # eval with running statistics: torch's elementwise map
-        sp = _channel_spec("batch", x.dim(), self.eps, self.affine)
-        y, mean, rstd = normalize(x, sp, self.weight, self.bias, return_stats=True)
+        n = x.numel() // x.shape[1] if x.shape[1] else 0  # values per channel
+        if n == 1:  # as torch (batch statistics): one value per channel cannot be normalized
+            raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(x.shape)}")
+        sp, w, b = _channel_args(self, "batch", x)
+        y, mean, rstd = normalize(x, sp, w, b, return_stats=True)
         if self.training and self.track_running_stats:
-            n = x.numel() // x.shape[1]
-            _update_running(self, mean, _unbiased_var(rstd, self.eps, n))
+            if n:
+                _update_running(self, mean, _unbiased_var(rstd, self.eps, n))
+            elif self.num_batches_tracked is not None:  # as torch: an empty batch is counted, the statistics
+                with torch.no_grad():                     # are left as they are
+                    self.num_batches_tracked.add_(1)
         return y
 
 

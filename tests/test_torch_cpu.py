@@ -129,3 +129,126 @@ def test_simulator_backward_takes_a_torch_cpu_dy_in_any_layout():
     for t in (torch.from_numpy(dy.copy()), torch.from_numpy(dy.T.copy()).t()):
         got = f.backward(t, x, m, r, w)[0]
         assert isinstance(got, np.ndarray) and np.array_equal(got, want)
+
+
+# Break-test findings (2026-12-04): each of these gave a wrong number or a raw error before.
+
+def test_layer_and_rms_norm_check_the_normalized_shape():
+    """A LayerNorm(8) on (4, 16) normalized the last 16 values silently; torch refuses it."""
+    for m in (nt.LayerNorm(8, elementwise_affine=False), nt.RMSNorm(8), nt.LayerNorm((16, 4))):
+        with pytest.raises(normc.ArgumentError, match="normalized_shape"):
+            m(torch.randn(4, 16))
+
+
+@pytest.mark.parametrize("make, ref, shape", [
+    (lambda: nt.LayerNorm(5, dtype=torch.float64), lambda: torch.nn.LayerNorm(5, dtype=torch.float64), (3, 5)),
+    (lambda: nt.RMSNorm(5, dtype=torch.float64), lambda: torch.nn.RMSNorm(5, dtype=torch.float64), (3, 5)),
+    (lambda: nt.BatchNorm2d(3, dtype=torch.float64), lambda: torch.nn.BatchNorm2d(3, dtype=torch.float64),
+     (4, 3, 2, 2)),
+    (lambda: nt.GroupNorm(2, 4, dtype=torch.float64), lambda: torch.nn.GroupNorm(2, 4, dtype=torch.float64),
+     (2, 4, 3, 3)),
+], ids=["layer", "rms", "batch", "group"])
+def test_double_backward_matches_torch(make, ref, shape):
+    """create_graph=True: second derivatives through mean and rstd (they were taken as constants: off by 10)."""
+    a, t = make(), ref()
+    with torch.no_grad():
+        for p in t.parameters():
+            p.uniform_(0.5, 1.5)
+    a.load_state_dict(t.state_dict())
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    out = []
+    for m in (a, t):
+        params = [x] + list(m.parameters())
+        gs = torch.autograd.grad((m(x) ** 3).sum(), params, create_graph=True)
+        out.append(gs + torch.autograd.grad(sum(g.square().sum() for g in gs), params))
+    for p, q in zip(*out):
+        assert torch.allclose(p, q, rtol=1e-9, atol=1e-9)
+    assert torch.autograd.gradgradcheck(lambda z: a(z), (torch.randn(*shape, dtype=torch.float64,
+                                                                      requires_grad=True),))
+
+
+def test_torch_compile_with_dynamic_shapes():
+    """The fake implementations took symbolic sizes for a bad shape (a second batch size recompiles with
+    dynamic shapes): TorchRuntimeError."""
+    m = nt.LayerNorm(8)
+    c = torch.compile(m, backend="aot_eager")
+    for t in (4, 6, 7):
+        x = torch.randn(t, 8)
+        assert torch.allclose(c(x), torch.nn.functional.layer_norm(x, (8,), m.weight, m.bias), atol=1e-5)
+    g = nt.GroupNorm(2, 4)
+    x = torch.randn(3, 4, 5, 5)
+    y = torch.compile(g, dynamic=True, backend="aot_eager")(x)
+    assert torch.allclose(y, torch.nn.functional.group_norm(x, 2, g.weight, g.bias), atol=1e-5)
+
+
+def test_degenerate_batches_as_torch():
+    """An empty batch left NaN running statistics; one value per channel (batch norm) or per instance
+    returned zeros and pulled running_var toward 0: torch refuses both."""
+    m, t = nt.BatchNorm1d(4), torch.nn.BatchNorm1d(4)
+    m(torch.randn(0, 4))
+    t(torch.randn(0, 4))
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        assert torch.equal(getattr(m, name), getattr(t, name)), name
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        nt.BatchNorm2d(4)(torch.randn(1, 4, 1, 1))
+    with pytest.raises(ValueError, match="more than 1 spatial element"):
+        nt.InstanceNorm1d(4)(torch.randn(2, 4, 1))
+
+
+@pytest.mark.parametrize("make, ref, shape", [
+    (lambda k: nt.BatchNorm2d(4, **k), lambda k: torch.nn.BatchNorm2d(4, **k), (3, 4, 2, 2)),
+    (lambda k: nt.GroupNorm(2, 4, **k), lambda k: torch.nn.GroupNorm(2, 4, **k), (3, 4, 2, 2)),
+    (lambda k: nt.InstanceNorm1d(4, affine=True, **k), lambda k: torch.nn.InstanceNorm1d(4, affine=True, **k),
+     (3, 4, 6)),
+], ids=["batch", "group", "instance"])
+def test_channel_norms_without_bias(make, ref, shape):
+    """bias=False (torch's keyword) gave the spec a shift anyway: AttributeError on None."""
+    import inspect
+
+    if "bias" not in inspect.signature(torch.nn.GroupNorm.__init__).parameters:
+        pytest.skip("this torch's channel norms have no bias argument")
+    a, t = make({"bias": False}), ref({"bias": False})
+    with torch.no_grad():
+        t.weight.uniform_(0.5, 1.5)
+    a.load_state_dict(t.state_dict())
+    x = torch.randn(*shape, requires_grad=True)
+    ya, yt = a(x), t(x)
+    assert torch.allclose(ya, yt, atol=1e-5)
+    ga = torch.autograd.grad(ya.square().sum(), (x, a.weight))
+    gt = torch.autograd.grad(yt.square().sum(), (x, t.weight))
+    for p, q in zip(ga, gt):
+        assert torch.allclose(p, q, atol=1e-4)
+
+
+def test_normalize_names_bad_arguments():
+    x = torch.randn(2, 8)
+    ln = "t d : norm over d ; scale d ; shift d"
+    cases = [
+        (lambda: nt.normalize(x, ln), "weight is required"),
+        (lambda: nt.normalize(x, "t d : norm over d ; scale d", torch.ones(7)), "weight has 7 elements"),
+        (lambda: nt.normalize(x, "t d : norm over d", torch.ones(8)), "weight was given"),
+        (lambda: nt.normalize(x, "t d : norm over d ; scale d", torch.ones(8, dtype=torch.int64)), "dtype"),
+        (lambda: nt.normalize(torch.randint(0, 9, (2, 8)), "t d : norm over d"), "floating-point"),
+        (lambda: nt.normalize(x.numpy(), "t d : norm over d"), "torch.Tensor"),
+        (lambda: nt.normalize(x, None), "spec"),
+    ]
+    for call, words in cases:
+        with pytest.raises(normc.ArgumentError, match=words):
+            call()
+
+
+def test_custom_ops_pass_opcheck():
+    """The fake implementations agree with the real ones (shapes, dtypes; symbolic sizes under
+    aot_dispatch_dynamic). norm_backward has no autograd formula of its own (no double backward under
+    torch.compile), so its check leaves that test out; a gradient not asked for was typed differently by
+    the fake (weight's dtype) and the real op (x's)."""
+    x, w, b = _args()
+    x, w, b = x.float().detach().requires_grad_(), w.float().detach().requires_grad_(), b.float().detach()
+    args = nt._spec_args("t d : norm over d ; scale d ; shift d")
+    torch.library.opcheck(torch.ops.normc.norm.default, (x, w, b.requires_grad_(), *args))
+    _, m, r = torch.ops.normc.norm(x, w, b, *args)
+    dy = torch.randn_like(x)
+    for need in (True, False):
+        torch.library.opcheck(torch.ops.normc.norm_backward.default,
+                              (dy, x.detach(), m, r, w.detach().half(), *args, need, need, None),
+                              test_utils=("test_schema", "test_faketensor"))
