@@ -19,11 +19,11 @@ from .planner import Plan
 spec = _spec_fn
 
 
-def compile(spec, *, out_dtype=None, arch=None, schedule=None):  # noqa: A001 - the API's promised name
+def compile(spec, *, out_dtype=None, arch=None, schedule=None, use_tuning=True):  # noqa: A001 - the API's name
     """Return a callable that normalizes arrays as ``spec`` says; see :class:`normc.runtime.Compiled`."""
     from .runtime import Compiled
 
-    return Compiled(spec, out_dtype=out_dtype, arch=arch, schedule=schedule)
+    return Compiled(spec, out_dtype=out_dtype, arch=arch, schedule=schedule, use_tuning=use_tuning)
 
 
 def autotune(spec, x, scale=None, shift=None, *, reps=50):

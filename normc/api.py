@@ -5,8 +5,8 @@ from __future__ import annotations
 import numbers
 import re
 
-from .canonical import dense_like
-from .errors import ArgumentError
+from .canonical import check_no_overlap, dense_like
+from .errors import ArgumentError, check_flag
 from .planner import DEFAULT_SMS, make_plan
 from .problem import DTYPES, dtype_name, make_problem
 
@@ -85,7 +85,8 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
 
     Raises:
         SpecError: the spec text is invalid.
-        ArgumentError: any other argument is invalid (shape, strides, dtypes, layout, arch, sms, aligns).
+        ArgumentError: any other argument is invalid (shape, strides, out_strides that overlap, dtypes, layout,
+            stats not a bool, arch, sms, aligns).
     """
     from .spec import Spec, spec as parse
 
@@ -100,6 +101,7 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
                                ("scale_dtype", scale_dtype, True), ("shift_dtype", shift_dtype, True)):
         if not (optional and dt is None) and dt not in DTYPES:
             raise ArgumentError(f"{name} is {dt!r}; expected one of {', '.join(map(repr, DTYPES))}")
+    stats = check_flag(stats, "stats")
     if isinstance(sms, bool) or not isinstance(sms, numbers.Integral) or sms < 1:
         raise ArgumentError(f"sms is {sms!r}; expected a positive int (multiprocessors)")
     if aligns is not None:
@@ -114,6 +116,7 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
     if out_strides is None:
         out_strides = dense_like(shape, strides)
     out_strides = _strides_arg("out_strides", out_strides, len(shape))
+    check_no_overlap(shape, out_strides, "out_strides")  # as the runtime refuses such an out
     prob = make_problem(spec, shape, strides, out_strides, x_dtype=dtype, out_dtype=out_dtype,
                         scale_dtype=scale_dtype, shift_dtype=shift_dtype, stats=stats, aligns=aligns)
     from .lowering import arch_cc

@@ -151,9 +151,7 @@ def _cmd_plan(args) -> int:
         if args.explain:
             raise _UsageError("--explain lists the forward planner's rejected alternatives; the backward plan's "
                               "'why:' lines give its reasons (drop --explain or --backward)")
-        if args.stats:
-            raise _UsageError("--stats asks the forward for mean and rstd; the backward plan reads them "
-                              "(drop --stats or --backward)")
+        _no_stats_with_backward(args)
         plan = _backward_plan_from_args(args)
         _emit((plan.to_json() if args.json else plan.describe()) + "\n", args.output)
         return 0
@@ -166,6 +164,12 @@ def _cmd_plan(args) -> int:
         text += "\n" + "\n".join(f"rejected: {r}" for r in rejected(plan))
     _emit(text + "\n", args.output)
     return 0
+
+
+def _no_stats_with_backward(args):
+    if getattr(args, "stats", False):
+        raise _UsageError("--stats asks the forward for mean and rstd; the backward kernels read them "
+                          "(drop --stats or --backward)")
 
 
 def _backward_plan_from_args(args):
@@ -183,6 +187,7 @@ def _cmd_ptx(args) -> int:
     from .lowering import assemble, link, lower, lower_backward
 
     if getattr(args, "backward", False):
+        _no_stats_with_backward(args)
         plan = _backward_plan_from_args(args)
         if plan.kept * plan.reduced == 0:
             raise _UsageError("--shape has a zero extent: there is nothing to compute and no kernel to write")

@@ -41,3 +41,14 @@ class ArgumentError(NormcError, ValueError):
 
 class CompileError(NormcError, RuntimeError):
     """Lowering a plan to PTX, or PTX to a loadable module, failed."""
+
+
+def check_flag(value, name, error=ArgumentError) -> bool:
+    """``value`` as a bool, where it is one (``bool`` or numpy's ``bool_``); else ``error`` (ArgumentError, or
+    SpecError for the spec constructors) naming ``name``: a truthy string such as ``'no'`` would otherwise
+    silently mean True."""
+    import numpy as np
+
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise error(f"{name} is {value!r}; expected True or False")

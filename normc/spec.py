@@ -47,7 +47,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .errors import ArgumentError, SpecError
+from .errors import ArgumentError, SpecError, check_flag
 
 __all__ = [
     "Spec",
@@ -565,8 +565,10 @@ def layer_norm(ndim: int = 2, normalized_ndim: int = 1, *, eps=1e-5, elementwise
         bias: include the shift step (only with ``elementwise_affine``).
 
     Raises:
-        SpecError: ``ndim``/``normalized_ndim`` out of range or ``eps`` invalid.
+        SpecError: ``ndim``/``normalized_ndim`` out of range, ``eps`` invalid, or a flag not a bool.
     """
+    elementwise_affine = check_flag(elementwise_affine, "elementwise_affine", SpecError)
+    bias = check_flag(bias, "bias", SpecError)
     return _last_axes_spec("norm", ndim, normalized_ndim, eps, elementwise_affine, elementwise_affine and bias)
 
 
@@ -582,12 +584,14 @@ def rms_norm(ndim: int = 2, normalized_ndim: int = 1, *, eps=1e-6, elementwise_a
         elementwise_affine: include the scale step over the reduction axes.
 
     Raises:
-        SpecError: ``ndim``/``normalized_ndim`` out of range or ``eps`` invalid.
+        SpecError: ``ndim``/``normalized_ndim`` out of range, ``eps`` invalid, or a flag not a bool.
     """
+    elementwise_affine = check_flag(elementwise_affine, "elementwise_affine", SpecError)
     return _last_axes_spec("rms", ndim, normalized_ndim, eps, elementwise_affine, False)
 
 
 def _channel_spec(dims, reduced, param, eps, affine, sizes=()) -> Spec:
+    affine = check_flag(affine, "affine", SpecError)
     return Spec(dims, "norm", reduced, param if affine else None, param if affine else None, eps, sizes)
 
 
@@ -603,7 +607,7 @@ def instance_norm(spatial_dims: int = 2, *, eps=1e-5, affine=True) -> Spec:
         affine: include per-channel scale and shift steps.
 
     Raises:
-        SpecError: ``spatial_dims`` out of range or ``eps`` invalid.
+        SpecError: ``spatial_dims`` out of range, ``eps`` invalid, or ``affine`` not a bool.
     """
     spatial = _SPATIAL[_check_int(spatial_dims, "spatial_dims", 1, 3)]
     return _channel_spec(tuple((a,) for a in ("n", "c") + spatial), spatial, ("c",), eps, affine)
@@ -622,7 +626,8 @@ def group_norm(groups: int, spatial_dims: int = 2, *, eps=1e-5, affine=True) -> 
         affine: include per-channel scale and shift steps.
 
     Raises:
-        SpecError: ``groups`` not a positive int, ``spatial_dims`` out of range or ``eps`` invalid.
+        SpecError: ``groups`` not a positive int, ``spatial_dims`` out of range, ``eps`` invalid, or
+            ``affine`` not a bool.
     """
     spatial = _SPATIAL[_check_int(spatial_dims, "spatial_dims", 1, 3)]
     dims = (("n",), ("g", "k")) + tuple((a,) for a in spatial)
@@ -641,7 +646,7 @@ def batch_norm_stats(spatial_dims: int = 2, *, eps=1e-5, affine=True) -> Spec:
         affine: include per-channel scale and shift steps.
 
     Raises:
-        SpecError: ``spatial_dims`` out of range or ``eps`` invalid.
+        SpecError: ``spatial_dims`` out of range, ``eps`` invalid, or ``affine`` not a bool.
     """
     spatial = _SPATIAL[_check_int(spatial_dims, "spatial_dims", 0, 3)]
     return _channel_spec(tuple((a,) for a in ("n", "c") + spatial), ("n",) + spatial, ("c",), eps, affine)

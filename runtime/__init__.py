@@ -14,7 +14,7 @@ import threading
 import warnings
 
 from ..canonical import check_no_overlap, dense_like
-from ..errors import ArgumentError
+from ..errors import ArgumentError, check_flag
 from ..problem import dtype_name, make_problem, pointer_align
 from .arrays import SUPPORTED, describe, empty, kind_of
 
@@ -247,7 +247,9 @@ class Compiled:
     Constructor arguments: ``spec`` (a :class:`normc.Spec` or its text), ``out_dtype`` (default: x's),
     ``arch`` (override the device's compute capability), ``schedule`` (force ``"persistent"``, ``"staged"``,
     ``"looped"``, ``"split"``, ``"coop"`` or ``"cluster"`` where the problem admits it, for tests and tuning; default:
-    the planner's choice).
+    the planner's choice), ``use_tuning`` (True: take a schedule :func:`normc.autotune` stored for the problem,
+    where there is one). A Compiled pickles and deep-copies as its spec and these options: the specializations
+    it compiled are rebuilt on first use (from the disk cache).
     """
 
     def __init__(self, spec, *, out_dtype=None, arch=None, schedule=None, use_tuning=True):
@@ -273,14 +275,27 @@ class Compiled:
             raise ArgumentError(f"schedule is {schedule!r}; expected one of {SCHEDULES}")
         self.arch = arch
         self.schedule = schedule
-        self.use_tuning = use_tuning
+        self.use_tuning = check_flag(use_tuning, "use_tuning")
         self._table = {}
         self._fast = {}  # torch-tensor keys -> closures that only allocate and launch (forward)
         self._bfast = {}  # the same for the backward (runtime/backward.py)
         self._lock = threading.Lock()
 
     def __repr__(self):
-        return f"normc.compile({self.spec!r})"
+        opts = "".join(f", {k}={v!r}" for k, v, default in (
+            ("out_dtype", self.out_dtype, None), ("arch", self.arch, None), ("schedule", self.schedule, None),
+            ("use_tuning", self.use_tuning, True)) if v != default)
+        return f"normc.compile({self.spec!r}{opts})"
+
+    def __getstate__(self):
+        """Pickling and deep copies keep the spec and options; the compiled specializations (loaded kernels,
+        launch closures) belong to this process and are rebuilt on first use (from the disk cache)."""
+        return {"spec": self.spec, "out_dtype": self.out_dtype, "arch": self.arch, "schedule": self.schedule,
+                "use_tuning": self.use_tuning}
+
+    def __setstate__(self, state):
+        self.__init__(state["spec"], out_dtype=state["out_dtype"], arch=state["arch"], schedule=state["schedule"],
+                      use_tuning=state["use_tuning"])
 
     # ------------------------------------------------------------------------------------------------
     def __call__(self, x, scale=None, shift=None, *, out=None, stream=None, return_stats=False):

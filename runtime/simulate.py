@@ -42,8 +42,9 @@ def _flat(a, name):
         # a read-only input (e.g. a broadcast view with zero strides): the simulator copies every argument
         # back after the launch, so hand it a private copy (kernels only load from inputs)
         flat = flat.copy()
-    if isz == 2:
-        flat = flat.view(np.uint16)
+    if isz == 2:  # the 16-bit words, in the array's byte order (a big-endian float16 array: big-endian words)
+        order = a.dtype.byteorder if a.dtype.byteorder in "<>" else "="
+        flat = flat.view(np.dtype(np.uint16).newbyteorder(order))
     return flat
 
 

@@ -51,12 +51,15 @@ def autotune(spec, x, scale=None, shift=None, *, reps=50):
         and ``plan`` (the winning plan's description).
 
     Raises:
-        ArgumentError: x is not a CUDA torch tensor, or the candidates disagree numerically (a bug).
+        ArgumentError: reps is not a positive int, x is not a CUDA torch tensor, or the candidates disagree
+            numerically (a bug).
     """
     import statistics
 
     from . import Compiled
 
+    if isinstance(reps, bool) or not isinstance(reps, int) or reps < 1:
+        raise ArgumentError(f"reps is {reps!r}; expected a positive int (timed calls per candidate)")
     if type(x).__module__.split(".")[0] != "torch" or not x.is_cuda:
         raise ArgumentError("autotune times CUDA torch tensors; x is not one (there is nothing to time on the "
                             "simulator)")

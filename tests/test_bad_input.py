@@ -327,3 +327,64 @@ def test_empty_batch_of_long_rows():
     y = normc.compile(normc.layer_norm())(np.zeros((0, n), np.float32), np.ones(n, np.float32),
                                           np.zeros(n, np.float32))
     assert y.shape == (0, n)
+
+
+# Third break test (2026-12-04): API edges.
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: normc.layer_norm(elementwise_affine="no"), "elementwise_affine"),
+    (lambda: normc.layer_norm(bias="False"), "bias"),
+    (lambda: normc.rms_norm(elementwise_affine=[]), "elementwise_affine"),
+    (lambda: normc.instance_norm(affine="yes"), "affine"),
+    (lambda: normc.group_norm(2, affine=None), "affine"),
+    (lambda: normc.batch_norm_stats(affine=1), "affine"),
+])
+def test_family_flags_are_bools(call, words):
+    """A truthy string silently meant True (layer_norm(elementwise_affine='no') kept scale and shift)."""
+    with pytest.raises(SpecError, match=words):
+        call()
+    assert normc.layer_norm(elementwise_affine=np.bool_(False)).scale is None
+
+
+def test_runtime_and_plan_flags_are_bools():
+    with pytest.raises(ArgumentError, match="use_tuning"):
+        normc.compile(LN, use_tuning="no")
+    with pytest.raises(ArgumentError, match="stats"):
+        normc.plan(LN, (4, 8), stats="no")
+    with pytest.raises(ArgumentError, match="out_strides has overlapping memory"):
+        normc.plan(LN, (4, 8), out_strides=(0, 0))
+
+
+def test_compiled_pickles_and_deep_copies_with_its_options():
+    """Compiled held a lock: pickle and deepcopy raised a raw TypeError. They keep the spec and options; the
+    specializations are rebuilt on first use."""
+    import copy
+    import pickle
+
+    f = normc.compile(LN, schedule="looped", out_dtype="float16", use_tuning=False)
+    assert repr(f) == ("normc.compile(normc.spec('t d : norm over d ; scale d ; shift d', eps=1e-05), "
+                       "out_dtype='float16', schedule='looped', use_tuning=False)")
+    x = np.random.default_rng(0).standard_normal((3, 40)).astype(np.float32)
+    w, b = np.ones(40, np.float32), np.zeros(40, np.float32)
+    y = f(x, w, b)
+    for g in (pickle.loads(pickle.dumps(f)), copy.deepcopy(f)):
+        assert repr(g) == repr(f) and g._table == {}
+        assert np.array_equal(g(x, w, b), y)
+
+
+def test_big_endian_float16_on_the_simulator():
+    """Big-endian float16 x, scale, shift, out and dy were read and written as native words: garbage."""
+    f = normc.compile(LN)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    w, b = (1 + 0.1 * np.arange(8)).astype(np.float32), np.arange(8, dtype=np.float32) / 10
+    le = [a.astype("<f2") for a in (x, w, b)]
+    be = [a.astype(">f2") for a in (x, w, b)]
+    y = f(*le)
+    out = np.empty((2, 8), ">f2")
+    f(*be, out=out)
+    assert np.array_equal(f(*be), y) and np.array_equal(out.astype(np.float16), y)
+    _, m, r = f(*le, return_stats=True)
+    dy = rng.standard_normal((2, 8)).astype(np.float32)
+    for p, q in zip(f.backward(dy.astype("<f2"), le[0], m, r, le[1]), f.backward(dy.astype(">f2"), be[0], m, r, be[1])):
+        assert np.array_equal(p, q)

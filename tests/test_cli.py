@@ -173,6 +173,8 @@ def test_plan_eps_and_sizes(capsys):
         (["ptx", "t d : norm over d", "--shape", "2,5", "--arch", "sm_130"], "'sm_130': compute capability 13.0"),
         (["ptx", "t d : norm over d", "--shape", "2,5", "--arch", "sm_90a"], "'sm_90a'; arch-specific targets"),
         (["plan", "n (g k) h w : norm over k h w", "--size", "g=32", "--shape", "2,48,4,4"], "divisible"),
+        (["plan", "t d : norm over d", "--shape", "4,8", "--backward", "--stats"], "drop --stats or --backward"),
+        (["ptx", "t d : norm over d", "--shape", "4,8", "--backward", "--stats"], "drop --stats or --backward"),
     ],
 )
 def test_errors_exit_2_with_one_line(args, needle, capsys):
