@@ -444,11 +444,14 @@ class Spec:
     def _dims_text(self) -> str:
         return ", ".join(d[0] if len(d) == 1 else f"({' '.join(d)})" for d in self.dims)
 
-    def axis_sizes(self, shape) -> dict[str, int]:
+    def axis_sizes(self, shape, *, symbolic=False) -> dict[str, int]:
         """Resolve every axis' extent from the input's logical shape.
 
         Args:
             shape: the input ``x``'s shape, a sequence of :attr:`ndim` non-negative ints (one per dim).
+            symbolic: the extents may be symbolic sizes (torch's SymInt, in the fake implementations of
+                ``normc.torch``'s custom ops under ``torch.compile`` with dynamic shapes): they are used as given,
+                without the int and divisibility checks (the real call makes them).
 
         Returns:
             ``{axis: extent}`` for every axis in :attr:`axes` order. A split dim's free part (the one with
@@ -461,7 +464,7 @@ class Spec:
         if isinstance(shape, (str, bytes)) or not hasattr(shape, "__len__") or not hasattr(shape, "__iter__"):
             raise ArgumentError(f"x shape must be a sequence of non-negative ints, got {shape!r}")
         shape = list(shape)
-        for e in shape:
+        for e in shape if not symbolic else ():
             if isinstance(e, bool) or not isinstance(e, numbers.Integral) or e < 0:
                 raise ArgumentError(f"x shape must be a sequence of non-negative ints, got {tuple(shape)!r}")
         if len(shape) != self.ndim:
@@ -471,7 +474,7 @@ class Spec:
         given = dict(self.sizes)
         out = {}
         for i, (d, extent) in enumerate(zip(self.dims, shape)):
-            extent = int(extent)
+            extent = extent if symbolic else int(extent)
             if len(d) == 1:
                 out[d[0]] = extent
                 continue
@@ -480,14 +483,14 @@ class Spec:
             free = [p for p in d if p not in given]
             label = f"x dim {i} ({' '.join(d)}) has extent {extent}"
             if free:
-                if extent % product:
+                if not symbolic and extent % product:
                     by = "*".join(f"{p}={given[p]}" for p in known)
                     if len(known) > 1:
                         by += f" (= {product})"
                     raise ArgumentError(f"{label}, not divisible by {by}")
                 sizes = {p: given.get(p, extent // product) for p in d}
             else:
-                if product != extent:
+                if not symbolic and product != extent:
                     raise ArgumentError(
                         f"{label}, but {'*'.join(f'{p}={given[p]}' for p in d)} = {product}"
                     )

@@ -69,22 +69,6 @@ def _stat_shape(spec, shape):
     return tuple(sizes[a] for a in spec.kept)
 
 
-def _fake_sizes(spec, shape):
-    """``spec.axis_sizes(shape)`` for the fake implementations, whose shapes may hold symbolic sizes
-    (``torch.compile`` with dynamic shapes, ``torch.export``): the same arithmetic without validating the
-    extents as ints (the real implementation validates them)."""
-    if all(isinstance(e, int) for e in shape):
-        return spec.axis_sizes(tuple(shape))
-    if len(shape) != spec.ndim:
-        spec.axis_sizes(tuple(shape))  # raises the rank error
-    given, out = dict(spec.sizes), {}
-    for d, extent in zip(spec.dims, shape):
-        known = math.prod(given[p] for p in d if p in given)
-        for p in d:
-            out[p] = given[p] if p in given else extent // known
-    return out
-
-
 def _like_x(x, t):
     """``t`` (x's shape) copied into a tensor with x's memory order."""
     out = torch.empty_strided(tuple(x.shape), dense_like(tuple(x.shape), x.stride()), dtype=x.dtype,
@@ -214,7 +198,7 @@ def _norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], spec: str
 @_norm.register_fake
 def _norm_fake(x, weight, bias, spec, eps, sizes):
     sp = _spec_of(spec, eps, sizes)
-    sz = _fake_sizes(sp, x.shape)
+    sz = sp.axis_sizes(x.shape, symbolic=True)
     st = tuple(sz[a] for a in sp.kept)
     sdt = torch.float64 if x.dtype == torch.float64 else torch.float32
     y = torch.empty_strided(tuple(x.shape), dense_like(tuple(x.shape), x.stride()), dtype=x.dtype, device=x.device)
@@ -249,7 +233,7 @@ def _norm_backward(dy: Tensor, x: Tensor, mean: Tensor, rstd: Tensor, weight: Op
 @_norm_backward.register_fake
 def _norm_backward_fake(dy, x, mean, rstd, weight, spec, eps, sizes, need_dweight, need_dbias, bias_dtype):
     sp = _spec_of(spec, eps, sizes)
-    sz = _fake_sizes(sp, x.shape)
+    sz = sp.axis_sizes(x.shape, symbolic=True)
     dx = torch.empty_strided(tuple(x.shape), dense_like(tuple(x.shape), x.stride()), dtype=x.dtype,
                              device=x.device)
     pdt = weight.dtype if weight is not None else x.dtype

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 
 from ..canonical import dense_like
-from ..errors import ArgumentError
+from ..errors import ArgumentError, check_flag
 from ..problem import make_problem, pointer_align
 from .arrays import SUPPORTED, describe, empty
 
@@ -279,9 +279,7 @@ def backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_
         fast = compiled._bfast.get(fk)
         if fast is not None:
             return fast(dy, x, mean, rstd, scale)
-    for name, flag in (("need_dscale", need_dscale), ("need_dshift", need_dshift)):
-        if not isinstance(flag, (bool, np.bool_)):
-            raise ArgumentError(f"{name} is {flag!r}; expected True or False")
+    need_dscale, need_dshift = check_flag(need_dscale, "need_dscale"), check_flag(need_dshift, "need_dshift")
     launch = _LaunchStream(stream, x)
     xi = describe(x, "x", launch)
     gi = describe(dy, "dy", launch)
