@@ -11,25 +11,29 @@ def max_rel(a, b):
     return float((a - b).abs().max() / max(float(b.abs().max()), 1.0))
 
 
-def step_time(fn, iters=10):
-    """Median milliseconds of ``fn()`` over ``iters`` runs after 3 warm-ups, timed with CUDA events."""
+def step_times(fns, iters=20):
+    """Median milliseconds of each of ``fns`` (one training step each) over ``iters`` rounds, timed with CUDA
+    events after 3 warm-ups. The functions take turns within each round, so clock and thermal drift during
+    the measurement falls on all of them alike."""
     import torch
 
     for _ in range(3):
-        fn()
+        for fn in fns:
+            fn()
     torch.cuda.synchronize()
-    times = []
+    times = [[] for _ in fns]
     for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+        for fn, t in zip(fns, times):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            t.append(a.elapsed_time(b))
+    return [sorted(t)[len(t) // 2] for t in times]
 
 
-def compare_models(ref, x, loss_fn, autocast_dtype=None, iters=10, label="model"):
+def compare_models(ref, x, loss_fn, autocast_dtype=None, iters=30, label="model"):
     """Forward + backward of ``ref`` and of ``normc.torch.convert(deepcopy(ref))`` on ``x``; prints errors and
     step times and returns the dict of errors."""
     import torch
@@ -63,10 +67,27 @@ def compare_models(ref, x, loss_fn, autocast_dtype=None, iters=10, label="model"
     print(f"  y layout kept: torch {_layout(y1)}, normc {_layout(y2)}")
     for k, v in errs.items():
         print(f"  max rel error {k:>18}: {v:.3e}")
-    tr = step_time(lambda: step(ref, x1), iters)
-    tn = step_time(lambda: step(mod, x2), iters)
-    print(f"  training step (fwd+bwd): torch {tr:.2f} ms   normc {tn:.2f} ms")
+    tr, tn = step_times([lambda: step(ref, x1), lambda: step(mod, x2)], iters)
+    print(f"  training step (fwd+bwd), median of {iters} alternating: torch {tr:.2f} ms   normc {tn:.2f} ms "
+          f"({tr / tn:.2f}x)")
+    kr, kn = kernel_ms(lambda: step(ref, x1)), kernel_ms(lambda: step(mod, x2))
+    print(f"  GPU kernel time per step (torch.profiler): torch {kr:.2f} ms   normc {kn:.2f} ms")
     return errs
+
+
+def kernel_ms(fn, steps=3):
+    """Milliseconds per ``fn()`` that the GPU spends in kernels, memcpys and memsets (torch.profiler's CUDA
+    activity; launch gaps and host time excluded), averaged over ``steps`` calls."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            fn()
+        torch.cuda.synchronize()
+    us = sum(e.device_time_total for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return us / steps / 1000
 
 
 def _layout(t):

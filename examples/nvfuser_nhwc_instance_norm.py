@@ -31,9 +31,9 @@ def bench(fn, reps=100):
 
         return do_bench(fn, warmup=25, rep=reps, return_mode="median")
     except ImportError:
-        from _compare import step_time  # examples/_compare.py: CUDA-event medians
+        from _compare import step_times  # examples/_compare.py: CUDA-event medians
 
-        return step_time(fn, iters=reps)
+        return step_times([fn], iters=reps)[0]
 
 
 def copy_bandwidth():

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import normc.torch as nt
-from _compare import compare_models, max_rel, step_time
+from _compare import compare_models, max_rel, step_times
 
 
 class Block(nn.Module):
@@ -58,7 +58,7 @@ def main():
         g1 = (xi.grad.clone(), ref.weight.grad.clone())
         y2 = run(mine)
         g2 = (xi.grad.clone(), mine.weight.grad.clone())
-        tr, tn = step_time(lambda: run(ref)), step_time(lambda: run(mine))
+        tr, tn = step_times([lambda: run(ref), lambda: run(mine)])
         print(f"{name:>9} alone: y {max_rel(y2, y1):.2e}  dx {max_rel(g2[0], g1[0]):.2e}  "
               f"dweight {max_rel(g2[1], g1[1]):.2e}   fwd+bwd torch {tr:.3f} ms  normc {tn:.3f} ms")
 
