@@ -148,11 +148,11 @@ def reference_backward(spec: Spec, dy: Tensor, x: Tensor, mean: Tensor, rstd: Te
 def _norm_impl(x, weight, bias, spec, eps, sizes):
     """(y, mean, rstd): normc's kernels where they apply, else the torch reference (the body of
     ``torch.ops.normc.norm``, also called directly by the eager path)."""
-    sp = _spec_of(spec, eps, sizes)
     w = None if weight is None else weight.contiguous()
     b = None if bias is None else bias.contiguous()
     if _kernel_ok(x, w, b):
         return _compiled(spec, eps, sizes)(x, w, b, return_stats=True)
+    sp = _spec_of(spec, eps, sizes)
     _check_reference_args(sp, x, w, b)
     return reference_forward(sp, x, w, b)
 
@@ -208,13 +208,12 @@ def _norm_fake(x, weight, bias, spec, eps, sizes):
 def _norm_backward_impl(dy, x, mean, rstd, weight, spec, eps, sizes, need_dweight, need_dbias, bias_dtype):
     """(dx, dweight, dbias) (empty tensors for gradients not asked for): the body of
     ``torch.ops.normc.norm_backward``, also called directly by the eager path."""
-    sp = _spec_of(spec, eps, sizes)
     w = None if weight is None else weight.contiguous()
     if _kernel_ok(x, w) and dy.dtype in _KERNEL_DTYPES and mean.dtype == torch.float32:
         dx, dw, db = _compiled(spec, eps, sizes).backward(dy, x, mean.contiguous(), rstd.contiguous(), w,
                                                           need_dscale=need_dweight, need_dshift=need_dbias)
     else:
-        dx, dw, db = reference_backward(sp, dy, x, mean, rstd, w)
+        dx, dw, db = reference_backward(_spec_of(spec, eps, sizes), dy, x, mean, rstd, w)
     dw = x.new_empty(0) if dw is None or not need_dweight else dw.reshape(-1)
     db = x.new_empty(0) if db is None or not need_dbias else db.reshape(-1)
     if bias_dtype is not None and db.numel():
@@ -309,6 +308,27 @@ _layer_norm_spec = functools.lru_cache(maxsize=1024)(normc.layer_norm)
 _rms_norm_spec = functools.lru_cache(maxsize=1024)(normc.rms_norm)
 
 
+@functools.lru_cache(maxsize=1024)
+def _layer_norm_args(ndim, nnorm, eps, affine, bias):
+    """The custom ops' ``(text, eps, sizes)`` of ``LayerNorm`` (memoized on positional arguments: the modules
+    call it on every forward, and hashing a Spec or keyword arguments costs more)."""
+    return _spec_args(_layer_norm_spec(ndim, nnorm, eps=eps, elementwise_affine=affine, bias=bias))
+
+
+@functools.lru_cache(maxsize=1024)
+def _rms_norm_args(ndim, nnorm, eps, affine):
+    """As :func:`_layer_norm_args`, for ``RMSNorm``."""
+    return _spec_args(_rms_norm_spec(ndim, nnorm, eps=eps, elementwise_affine=affine))
+
+
+def _apply(x, args, weight, bias):
+    """``(y, mean, rstd)``: what :func:`normalize` does after its argument checks, given the custom ops'
+    ``args`` (the modules' path)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.normc.norm(x, weight, bias, *args)
+    return _EagerNorm.apply(x, weight, bias, *args)
+
+
 def normalize(x: Tensor, spec, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
               return_stats: bool = False):
     """Normalize ``x`` as ``spec`` says (differentiable in x, weight and bias).
@@ -331,10 +351,7 @@ def normalize(x: Tensor, spec, weight: Optional[Tensor] = None, bias: Optional[T
     """
     if not isinstance(x, Tensor):
         raise normc.ArgumentError(f"x is a {type(x).__name__}; expected a torch.Tensor")
-    if torch.compiler.is_compiling():
-        y, mean, rstd = torch.ops.normc.norm(x, weight, bias, *_spec_args(spec))
-    else:
-        y, mean, rstd = _EagerNorm.apply(x, weight, bias, *_spec_args(spec))
+    y, mean, rstd = _apply(x, _spec_args(spec), weight, bias)
     return (y, mean, rstd) if return_stats else y
 
 
@@ -346,8 +363,18 @@ class _EagerNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, spec, eps, sizes):
-        y, mean, rstd = _norm_impl(x, weight, bias, spec, eps, sizes)
+        # The kernels' path calls the Compiled object directly and keeps it for the backward: on the H200's
+        # host each torch method call from Python (reshape, to, contiguous) and each memo probe costs 1-3 us,
+        # which a host-bound training step pays per norm and direction.
+        f = None
+        if _kernel_ok(x, weight, bias):
+            f = _compiled(spec, eps, sizes)
+            y, mean, rstd = f(x, None if weight is None else weight.contiguous(),
+                              None if bias is None else bias.contiguous(), return_stats=True)
+        else:
+            y, mean, rstd = _norm_impl(x, weight, bias, spec, eps, sizes)
         _setup_context(ctx, (x, weight, bias, spec, eps, sizes), (y, mean, rstd))
+        ctx.compiled = f
         ctx.mark_non_differentiable(mean, rstd)
         # mean and rstd get no gradient: without this autograd fills two zero tensors for them every step
         ctx.set_materialize_grads(False)
@@ -357,7 +384,25 @@ class _EagerNorm(torch.autograd.Function):
     def backward(ctx, dy, dmean, drstd):
         if dy is None:  # y took no part in the loss (only possible without materialized gradients)
             return (None,) * 6
-        return _autograd_backward(ctx, dy, dmean, drstd, backward_op=_norm_backward_impl)
+        f = ctx.compiled
+        if f is None or dy.dtype not in _KERNEL_DTYPES or torch.is_grad_enabled():
+            return _autograd_backward(ctx, dy, dmean, drstd, backward_op=_norm_backward_impl)
+        # the kernels' path of _norm_backward_impl, with the parameter gradients in the parameters' shapes
+        # (Compiled.backward returns dscale in the weight's shape) instead of flattened and reshaped back
+        x, weight, mean, rstd = ctx.saved_tensors
+        _, _, _, has_bias, bias_dtype, bias_shape, w_shape = ctx.meta
+        need_w = weight is not None and ctx.needs_input_grad[1]
+        need_b = has_bias and ctx.needs_input_grad[2]
+        dx, dw, db = f.backward(dy, x, mean, rstd, None if weight is None else weight.contiguous(),
+                                need_dscale=need_w, need_dshift=need_b)
+        if need_w and dw.shape != w_shape:
+            dw = dw.reshape(w_shape)
+        if need_b:
+            if db.shape != bias_shape:
+                db = db.reshape(bias_shape)
+            if db.dtype != bias_dtype:
+                db = db.to(bias_dtype)
+        return dx, dw if need_w else None, db if need_b else None, None, None, None
 
 
 class NormFunction(torch.autograd.Function):
@@ -397,10 +442,16 @@ def _channel_spec(kind, ndim, eps, scale, shift, groups=None):
                 (("g", groups),))
 
 
+@functools.lru_cache(maxsize=1024)
+def _channel_op_args(kind, ndim, eps, scale, shift, groups=None):
+    """The custom ops' ``(text, eps, sizes)`` of :func:`_channel_spec` (memoized: see :func:`_layer_norm_args`)."""
+    return _spec_args(_channel_spec(kind, ndim, eps, scale, shift, groups))
+
+
 def _channel_args(mod, kind, x, groups=None):
-    """The spec of channel norm ``mod`` for ``x`` and its (weight, bias)."""
+    """The custom ops' ``(text, eps, sizes)`` of channel norm ``mod`` for ``x``, and its (weight, bias)."""
     w, b = mod.weight, mod.bias
-    return _channel_spec(kind, x.dim(), mod.eps, w is not None, b is not None, groups), w, b
+    return _channel_op_args(kind, x.dim(), mod.eps, w is not None, b is not None, groups), w, b
 
 
 class LayerNorm(nn.LayerNorm):
@@ -408,9 +459,9 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, x):
         _check_normalized_shape(x, self.normalized_shape)
-        sp = _layer_norm_spec(x.dim(), len(self.normalized_shape), eps=self.eps,
-                              elementwise_affine=self.elementwise_affine, bias=self.bias is not None)
-        return normalize(x, sp, self.weight, self.bias)
+        b = self.bias
+        args = _layer_norm_args(x.dim(), len(self.normalized_shape), self.eps, self.elementwise_affine, b is not None)
+        return _apply(x, args, self.weight, b)[0]
 
 
 def _check_normalized_shape(x, normalized_shape):
@@ -428,16 +479,16 @@ class RMSNorm(nn.RMSNorm):
     def forward(self, x):
         _check_normalized_shape(x, self.normalized_shape)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        sp = _rms_norm_spec(x.dim(), len(self.normalized_shape), eps=eps, elementwise_affine=self.elementwise_affine)
-        return normalize(x, sp, self.weight)
+        args = _rms_norm_args(x.dim(), len(self.normalized_shape), eps, self.elementwise_affine)
+        return _apply(x, args, self.weight, None)[0]
 
 
 class GroupNorm(nn.GroupNorm):
     """``torch.nn.GroupNorm`` (same arguments and state) computed by normc; channels-last stays channels-last."""
 
     def forward(self, x):
-        sp, w, b = _channel_args(self, "group", x, self.num_groups)
-        return normalize(x, sp, w, b)
+        args, w, b = _channel_args(self, "group", x, self.num_groups)
+        return _apply(x, args, w, b)[0]
 
 
 class _InstanceMixin:
@@ -451,8 +502,8 @@ class _InstanceMixin:
             return super().forward(x)  # running statistics: an elementwise map, torch's own
         if math.prod(x.shape[2:]) == 1:  # as torch (input statistics): one value cannot be normalized
             raise ValueError(f"Expected more than 1 spatial element when training, got input size {list(x.shape)}")
-        sp, w, b = _channel_args(self, "instance", x)
-        y, mean, rstd = normalize(x, sp, w, b, return_stats=True)
+        args, w, b = _channel_args(self, "instance", x)
+        y, mean, rstd = _apply(x, args, w, b)
         if self.track_running_stats and self.training and x.numel():
             _update_running(self, mean.mean(0), _unbiased_var(rstd, self.eps, math.prod(x.shape[2:])).mean(0),
                             count=False)
@@ -501,8 +552,8 @@ class _BatchMixin:
         n = x.numel() // x.shape[1] if x.shape[1] else 0  # values per channel
         if n == 1:  # as torch (batch statistics): one value per channel cannot be normalized
             raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(x.shape)}")
-        sp, w, b = _channel_args(self, "batch", x)
-        y, mean, rstd = normalize(x, sp, w, b, return_stats=True)
+        args, w, b = _channel_args(self, "batch", x)
+        y, mean, rstd = _apply(x, args, w, b)
         if self.training and self.track_running_stats:
             if n:
                 _update_running(self, mean, _unbiased_var(rstd, self.eps, n))
