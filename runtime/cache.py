@@ -109,5 +109,8 @@ def store(key: str, payload: dict) -> bool:
             raise
         return True
     except OSError as e:
-        _warn_once(f"cannot write the kernel cache at {d} ({e.strerror or e})")
+        # makedirs on a path that is a file says "File exists"; say what is wrong with it instead
+        why = ("it is a file, not a directory (set NORMC_CACHE_DIR to a directory)"
+               if os.path.exists(d) and not os.path.isdir(d) else e.strerror or e)
+        _warn_once(f"cannot write the kernel cache at {d} ({why})")
         return False

@@ -60,6 +60,19 @@ def test_unwritable_directory_falls_back_with_one_warning(tmp_path, monkeypatch)
     assert cache.load("x") is None
 
 
+def test_cache_directory_that_is_a_file_is_named_as_such(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("NORMC_CACHE_DIR", str(blocker))
+    monkeypatch.setattr(cache, "_warned", False)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert cache.store("x", PAYLOAD) is False
+    msgs = [str(x.message) for x in w if "kernel cache" in str(x.message)]
+    assert len(msgs) == 1 and "it is a file, not a directory" in msgs[0], msgs
+    assert blocker.read_text() == "not a directory"
+
+
 def _writer(args):
     d, n = args
     os.environ["NORMC_CACHE_DIR"] = d
