@@ -145,14 +145,24 @@ def reference_backward(spec: Spec, dy: Tensor, x: Tensor, mean: Tensor, rstd: Te
 # custom ops
 
 
+def _kernel_forward(x, weight, bias, spec, eps, sizes):
+    """``(Compiled, (y, mean, rstd))`` from normc's kernels, or ``None`` where they do not apply."""
+    if not _kernel_ok(x, weight, bias):
+        return None
+    f = _compiled(spec, eps, sizes)
+    return f, f(x, None if weight is None else weight.contiguous(), None if bias is None else bias.contiguous(),
+                return_stats=True)
+
+
 def _norm_impl(x, weight, bias, spec, eps, sizes):
     """(y, mean, rstd): normc's kernels where they apply, else the torch reference (the body of
-    ``torch.ops.normc.norm``, also called directly by the eager path)."""
+    ``torch.ops.normc.norm``)."""
+    hit = _kernel_forward(x, weight, bias, spec, eps, sizes)
+    if hit is not None:
+        return hit[1]
+    sp = _spec_of(spec, eps, sizes)
     w = None if weight is None else weight.contiguous()
     b = None if bias is None else bias.contiguous()
-    if _kernel_ok(x, w, b):
-        return _compiled(spec, eps, sizes)(x, w, b, return_stats=True)
-    sp = _spec_of(spec, eps, sizes)
     _check_reference_args(sp, x, w, b)
     return reference_forward(sp, x, w, b)
 
@@ -366,13 +376,8 @@ class _EagerNorm(torch.autograd.Function):
         # The kernels' path calls the Compiled object directly and keeps it for the backward: on the H200's
         # host each torch method call from Python (reshape, to, contiguous) and each memo probe costs 1-3 us,
         # which a host-bound training step pays per norm and direction.
-        f = None
-        if _kernel_ok(x, weight, bias):
-            f = _compiled(spec, eps, sizes)
-            y, mean, rstd = f(x, None if weight is None else weight.contiguous(),
-                              None if bias is None else bias.contiguous(), return_stats=True)
-        else:
-            y, mean, rstd = _norm_impl(x, weight, bias, spec, eps, sizes)
+        hit = _kernel_forward(x, weight, bias, spec, eps, sizes)
+        f, (y, mean, rstd) = hit if hit is not None else (None, _norm_impl(x, weight, bias, spec, eps, sizes))
         _setup_context(ctx, (x, weight, bias, spec, eps, sizes), (y, mean, rstd))
         ctx.compiled = f
         ctx.mark_non_differentiable(mean, rstd)
