@@ -50,8 +50,9 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from .canonical import Axis, canonicalize
+from .errors import ArgumentError
 from .planner import (CLUSTER_SIZES, CTA_THREADS, DEFAULT_SMS, ITEMSIZE, LOOP_UNROLL, MAX_PERSISTENT_THREADS,
-                      MAX_VECTOR_BYTES, SPLIT_CTAS_PER_SM, _clusters_ok, check_grid, pick_vec)
+                      MAX_VECTOR_BYTES, SPLIT_CTAS_PER_SM, _clusters_ok, _json_fields, check_grid, pick_vec)
 
 __all__ = ["ReducePlan", "FusedPlan", "ColsPlan", "BackwardPlan", "make_backward_plan"]
 
@@ -601,8 +602,35 @@ class BackwardPlan:
         return d
 
     def to_json(self) -> str:
-        """JSON text of :meth:`to_dict` (plain data: reductions, fused tiling, dtypes, workspace size)."""
+        """JSON text of :meth:`to_dict` (plain data: reductions, fused tiling, dtypes, workspace size); it
+        round-trips through :meth:`from_json`."""
         return json.dumps(self.to_dict(), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "BackwardPlan":
+        """The plan written by :meth:`to_json` (``normc plan --backward --json``), equal to the one written.
+
+        Raises:
+            TypeError: ``text`` is not a str, bytes or bytearray.
+            normc.ArgumentError: (a ValueError) ``text`` is not JSON, or not a backward plan's JSON object; the
+                message names the missing, unknown or malformed field.
+        """
+        try:
+            d = json.loads(text)
+        except ValueError as e:
+            raise ArgumentError(f"text is not JSON ({e}); expected the text of BackwardPlan.to_json()") from None
+        d = _json_fields(d, cls, "text", "BackwardPlan.to_json()")
+        params = d["params"]
+        if not isinstance(params, list):
+            raise ArgumentError(f"text: params is {params!r}; expected a list of reduction objects")
+        d["dx"] = _reduce_from_json(d["dx"], "text: dx")
+        d["params"] = tuple(_reduce_from_json(r, f"text: params[{i}]") for i, r in enumerate(params))
+        for name, sub in (("fused", FusedPlan), ("cols", ColsPlan)):
+            if d.get(name) is not None:
+                d[name] = sub(**_tuples(_json_fields(d[name], sub, f"text: {name}", "BackwardPlan.to_json()")))
+        if not isinstance(d.get("why", []), list):
+            raise ArgumentError(f"text: why is {d['why']!r}; expected a list of strings")
+        return cls(**{k: v if k in ("dx", "params", "fused", "cols") else _tuples(v) for k, v in d.items()})
 
     def describe(self) -> str:
         """Multi-line summary: each reduction's strategy, tiling and launch, then why."""
@@ -622,6 +650,27 @@ class BackwardPlan:
         return "\n".join(lines)
 
     __str__ = describe
+
+
+def _tuples(v):
+    """``v`` read from JSON with its lists made tuples, recursively (the plans hold tuples: hashable, equal)."""
+    if isinstance(v, list):
+        return tuple(_tuples(e) for e in v)
+    if isinstance(v, dict):
+        return {k: _tuples(e) for k, e in v.items()}
+    return v
+
+
+def _reduce_from_json(d, what) -> ReducePlan:
+    """A :class:`ReducePlan` from its JSON object ``d`` (``what`` names it in errors)."""
+    d = _json_fields(d, ReducePlan, what, "BackwardPlan.to_json()")
+    axes = d["axes"]
+    if not isinstance(axes, list):
+        raise ArgumentError(f"{what}: axes is {axes!r}; expected a list of axis objects")
+    d = _tuples(d)
+    d["axes"] = tuple(Axis(**_json_fields(a, Axis, f"{what}: axes[{i}]", "BackwardPlan.to_json()"))
+                      for i, a in enumerate(axes))
+    return ReducePlan(**d)
 
 
 def _pdl(arch, fused, dx, params) -> bool:

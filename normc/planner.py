@@ -388,19 +388,20 @@ class Plan:
     __str__ = describe
 
 
-def _json_fields(d, cls, what) -> dict:
+def _json_fields(d, cls, what, writer="Plan.to_json()") -> dict:
     """``d``, a JSON value read as the fields of dataclass ``cls``; :class:`normc.ArgumentError` naming
-    ``what`` unless it is an object with each field ``cls`` requires and none it lacks."""
+    ``what`` unless it is an object with each field ``cls`` requires and none it lacks (``writer``: what
+    writes such JSON, for the message)."""
     if not isinstance(d, dict):
         raise ArgumentError(f"{what} holds a JSON {type(d).__name__}; expected an object of {cls.__name__} "
-                            f"fields, as Plan.to_json() writes")
+                            f"fields, as {writer} writes")
     missing = [f.name for f in fields(cls)
                if f.name not in d and f.default is MISSING and f.default_factory is MISSING]
     unknown = sorted(set(d) - {f.name for f in fields(cls)})
     problems = ([f"lacks {cls.__name__} field(s) {', '.join(missing)}"] if missing else []) + (
         [f"has unknown field(s) {', '.join(unknown)}"] if unknown else [])
     if problems:
-        raise ArgumentError(f"{what} {' and '.join(problems)}; expected the JSON Plan.to_json() writes")
+        raise ArgumentError(f"{what} {' and '.join(problems)}; expected the JSON {writer} writes")
     return dict(d)
 
 

@@ -1151,3 +1151,49 @@ def test_errors():
         f.backward(x, x, m, r, sc, need_dscale="no")
     with pytest.raises(normc.ArgumentError, match="scale was given"):
         normc.compile("t d : norm over d").backward(x, x, m, r, sc)
+
+
+def test_backward_plan_json_round_trips():
+    # every anchor row's backward plan (fused, cluster, column-pass, general, split) back from its JSON, equal
+    from normc.backward_plan import BackwardPlan
+
+    kinds = set()
+    for i, _, bp in _anchor_backward_plans():
+        text = bp.to_json()
+        back = BackwardPlan.from_json(text)
+        assert back == bp, i
+        assert back.to_json() == text and back.describe() == bp.describe(), i
+        kinds.add(("fused" if bp.fused else "cols" if bp.cols else bp.dx.strategy, bp.dx.splits > 1))
+    assert {("fused", False), ("cols", False), ("inner", True), ("outer", True)} <= kinds, kinds
+
+
+def test_backward_plan_from_json_errors_name_the_field():
+    import json
+
+    from normc.backward_plan import BackwardPlan
+
+    ((_, _, bp),) = _anchor_backward_plans([36])
+    good = json.loads(bp.to_json())
+
+    def broken(**change):
+        d = json.loads(json.dumps(good))
+        for path, v in change.items():
+            *outer, last = path.split("__")
+            node = d
+            for k in outer:
+                node = node[k]
+            if v is None:
+                del node[last]
+            else:
+                node[last] = v
+        return json.dumps(d)
+
+    for text, msg in [("{", "text is not JSON"), ("[1]", "expected an object of BackwardPlan fields"),
+                      (broken(sms=None), "text lacks BackwardPlan field(s) sms"),
+                      (broken(extra=1), "text has unknown field(s) extra"),
+                      (broken(dx__axes=3), "text: dx: axes is 3"),
+                      (broken(dx__grid=None), "text: dx lacks ReducePlan field(s) grid"),
+                      (broken(params=5), "text: params is 5"),
+                      (broken(why=7), "text: why is 7")]:
+        with pytest.raises(normc.ArgumentError, match=re.escape(msg)):
+            BackwardPlan.from_json(text)
