@@ -172,30 +172,23 @@ _FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 def _check_reference_args(spec, x, weight, bias):
     """The checks normc's runtime makes on the kernels' path, for the torch reference path (CPU tensors,
-    float64, other dtypes).
+    float64, other dtypes): the parameters' presence, element count and order are the runtime's own
+    (:func:`normc.runtime.check_param`).
 
     Raises:
         normc.ArgumentError: x is not a floating-point tensor of the spec's logical shape, or weight/bias is
-            missing, given for a spec without its step, not floating point, or of the wrong element count.
+            missing, given for a spec without its step, not floating point, of the wrong element count or
+            transposed.
     """
+    from normc.runtime import check_param
+
     if x.dtype not in _FLOATS:
         raise normc.ArgumentError(f"x has dtype {x.dtype}; expected a floating-point tensor "
                                   f"({', '.join(str(d) for d in _FLOATS)})")
     sizes = spec.axis_sizes(tuple(x.shape))
-    for name, t, axes in (("weight", weight, spec.scale), ("bias", bias, spec.shift)):
-        step = "scale" if name == "weight" else "shift"
-        if axes is None:
-            if t is not None:
-                raise normc.ArgumentError(f"{name} was given but the spec '{spec}' has no {step} step")
-            continue
-        if t is None:
-            raise normc.ArgumentError(f"{name} is required: the spec has '{step} {' '.join(axes)}'")
-        want = math.prod(sizes[a] for a in axes)
-        if t.numel() != want:
-            ext = " x ".join(f"{a}={sizes[a]}" for a in axes)
-            raise normc.ArgumentError(f"{name} has {t.numel()} elements (shape {tuple(t.shape)}); expected {want} "
-                                      f"({ext})")
-        if t.dtype not in _FLOATS:
+    for name, t, step in (("weight", weight, "scale"), ("bias", bias, "shift")):
+        check_param(spec, sizes, step, name, None if t is None else tuple(t.shape))
+        if t is not None and t.dtype not in _FLOATS:
             raise normc.ArgumentError(f"{name} has dtype {t.dtype}; expected a floating-point tensor")
 
 

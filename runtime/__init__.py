@@ -140,6 +140,30 @@ def check_not_transposed(name, shape, axes, sizes):
                             f"array of {math.prod(want)} elements in that order")
 
 
+def check_param(spec, sizes, step, name, shape, hint=""):
+    """Check parameter ``name`` that serves the spec's ``step`` (``"scale"`` or ``"shift"``), given with
+    ``shape`` (``None``: not given), against ``spec`` and its axis extents ``sizes``; ``hint`` ends the message of
+    a parameter the spec has no step for. Shared by the runtime and normc.torch's reference path.
+
+    Raises:
+        ArgumentError: given for a spec without the step, missing for a spec with it, of the wrong element
+            count, or transposed (:func:`check_not_transposed`).
+    """
+    axes = getattr(spec, step)
+    if axes is None:
+        if shape is not None:
+            raise ArgumentError(f"{name} was given but the spec '{spec}' has no {step} step{hint}")
+        return
+    if shape is None:
+        raise ArgumentError(f"{name} is required: the spec has '{step} {' '.join(axes)}'")
+    want = math.prod(sizes[a] for a in axes)
+    got = math.prod(shape)
+    if got != want:
+        ext = " x ".join(f"{a}={sizes[a]}" for a in axes)
+        raise ArgumentError(f"{name} has {got} elements (shape {tuple(shape)}); expected {want} ({ext})")
+    check_not_transposed(name, shape, axes, sizes)
+
+
 def check_x(spec, xi):
     """Check x (an :class:`~normc.runtime.arrays.ArrayInfo`) against ``spec`` and the machine, for the forward
     and the backward alike; returns ``(sizes, sim)``: the spec's axis extents and whether the simulator runs.
@@ -412,21 +436,12 @@ class Compiled:
     def _check(self, xi, si, hi, oi):
         spec = self.spec
         sizes, sim = check_x(spec, xi)
-        for name, info, axes in (("scale", si, spec.scale), ("shift", hi, spec.shift)):
-            if axes is None:
-                if info is not None:
-                    hint = (" (the second positional argument is scale: pass shift=...)"
-                            if name == "scale" and spec.shift is not None else "")
-                    raise ArgumentError(f"{name} was given but the spec '{spec}' has no {name} step{hint}")
-                continue
+        for name, info in (("scale", si), ("shift", hi)):
+            hint = (" (the second positional argument is scale: pass shift=...)"
+                    if name == "scale" and spec.shift is not None else "")
+            check_param(spec, sizes, name, name, None if info is None else info.shape, hint)
             if info is None:
-                raise ArgumentError(f"{name} is required: the spec has '{name} {' '.join(axes)}'")
-            want = math.prod(sizes[a] for a in axes)
-            got = math.prod(info.shape)
-            if got != want:
-                ext = " x ".join(f"{a}={sizes[a]}" for a in axes)
-                raise ArgumentError(f"{name} has {got} elements (shape {info.shape}); expected {want} ({ext})")
-            check_not_transposed(name, info.shape, axes, sizes)
+                continue
             if info.dtype not in SUPPORTED:
                 raise ArgumentError(f"{name} has dtype {info.dtype}; expected one of {', '.join(SUPPORTED)}")
             if info.device != xi.device:
@@ -439,7 +454,7 @@ class Compiled:
             if not c_order:
                 raise ArgumentError(
                     f"{name} must be C-contiguous (row-major; got strides {info.strides} for shape {info.shape}): "
-                    f"its elements are read in the order of the axes '{' '.join(axes)}'"
+                    f"its elements are read in the order of the axes '{' '.join(getattr(spec, name))}'"
                 )
         out_dtype = self.out_dtype or xi.dtype
         if oi is not None:

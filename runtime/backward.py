@@ -50,7 +50,7 @@ def _where(d):
 
 def _check(compiled, gi, xi, mi, ri, si):
     """Validate the arguments; returns (sizes, sim)."""
-    from . import check_not_transposed, check_x
+    from . import check_not_transposed, check_param, check_x
 
     spec = compiled.spec
     sizes, sim = check_x(spec, xi)
@@ -77,16 +77,9 @@ def _check(compiled, gi, xi, mi, ri, si):
         check_not_transposed(name, info.shape, spec.kept, sizes)  # e.g. mean.T: read in the wrong order
         if not _c_order(info):
             raise ArgumentError(f"{name} must be C-contiguous (got strides {info.strides} for shape {info.shape})")
-    if spec.scale is None:
-        if si is not None:
-            raise ArgumentError(f"scale was given but the spec '{spec}' has no scale step")
-    else:
-        if si is None:
-            raise ArgumentError(f"scale is required: the spec has 'scale {' '.join(spec.scale)}' (dx depends on it)")
-        want = math.prod(sizes[a] for a in spec.scale)
-        if math.prod(si.shape) != want:
-            raise ArgumentError(f"scale has {math.prod(si.shape)} elements (shape {si.shape}); expected {want}")
-        check_not_transposed("scale", si.shape, spec.scale, sizes)
+    # presence, element count and order as the forward checks them (dx depends on the scale)
+    check_param(spec, sizes, "scale", "scale", None if si is None else si.shape)
+    if si is not None:
         if si.dtype not in SUPPORTED:
             raise ArgumentError(f"scale has dtype {si.dtype}; expected one of {', '.join(SUPPORTED)}")
         if not _c_order(si):

@@ -2,6 +2,8 @@
 plumbing the CUDA kernels use (the eager autograd.Function, the custom ops under torch.compile, and the public
 NormFunction). Skipped where torch is not installed (CI installs only the test extras)."""
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -231,6 +233,9 @@ def test_normalize_names_bad_arguments():
         (lambda: nt.normalize(torch.randint(0, 9, (2, 8)), "t d : norm over d"), "floating-point"),
         (lambda: nt.normalize(x.numpy(), "t d : norm over d"), "torch.Tensor"),
         (lambda: nt.normalize(x, None), "spec"),
+        # a transposed 2-D weight: the same check as the kernels' path (it scaled the wrong elements, silently)
+        (lambda: nt.normalize(torch.randn(2, 3, 4, 5), "n c h w : norm over h w ; scale h w", torch.ones(5, 4)),
+         re.escape("weight has shape (5, 4); expected (4, 5)")),
     ]
     for call, words in cases:
         with pytest.raises(normc.ArgumentError, match=words):
