@@ -52,7 +52,8 @@ from dataclasses import asdict, dataclass, field, replace
 from .canonical import Axis, canonicalize
 from .errors import ArgumentError
 from .planner import (CLUSTER_SIZES, CTA_THREADS, DEFAULT_SMS, ITEMSIZE, LOOP_UNROLL, MAX_PERSISTENT_THREADS,
-                      MAX_VECTOR_BYTES, SPLIT_CTAS_PER_SM, _clusters_ok, _json_fields, check_grid, pick_vec)
+                      MAX_VECTOR_BYTES, SPLIT_CTAS_PER_SM, _axes_from_json, _clusters_ok, _json_fields, _json_object,
+                      _why_from_json, check_grid, pick_vec)
 
 __all__ = ["ReducePlan", "FusedPlan", "ColsPlan", "BackwardPlan", "make_backward_plan"]
 
@@ -615,11 +616,7 @@ class BackwardPlan:
             normc.ArgumentError: (a ValueError) ``text`` is not JSON, or not a backward plan's JSON object; the
                 message names the missing, unknown or malformed field.
         """
-        try:
-            d = json.loads(text)
-        except ValueError as e:
-            raise ArgumentError(f"text is not JSON ({e}); expected the text of BackwardPlan.to_json()") from None
-        d = _json_fields(d, cls, "text", "BackwardPlan.to_json()")
+        d = _json_object(text, cls, _WRITER)
         params = d["params"]
         if not isinstance(params, list):
             raise ArgumentError(f"text: params is {params!r}; expected a list of reduction objects")
@@ -627,9 +624,8 @@ class BackwardPlan:
         d["params"] = tuple(_reduce_from_json(r, f"text: params[{i}]") for i, r in enumerate(params))
         for name, sub in (("fused", FusedPlan), ("cols", ColsPlan)):
             if d.get(name) is not None:
-                d[name] = sub(**_tuples(_json_fields(d[name], sub, f"text: {name}", "BackwardPlan.to_json()")))
-        if not isinstance(d.get("why", []), list):
-            raise ArgumentError(f"text: why is {d['why']!r}; expected a list of strings")
+                d[name] = sub(**_tuples(_json_fields(d[name], sub, f"text: {name}", _WRITER)))
+        d["why"] = _why_from_json(d)
         return cls(**{k: v if k in ("dx", "params", "fused", "cols") else _tuples(v) for k, v in d.items()})
 
     def describe(self) -> str:
@@ -652,6 +648,9 @@ class BackwardPlan:
     __str__ = describe
 
 
+_WRITER = "BackwardPlan.to_json()"  # named in from_json's messages
+
+
 def _tuples(v):
     """``v`` read from JSON with its lists made tuples, recursively (the plans hold tuples: hashable, equal)."""
     if isinstance(v, list):
@@ -663,14 +662,9 @@ def _tuples(v):
 
 def _reduce_from_json(d, what) -> ReducePlan:
     """A :class:`ReducePlan` from its JSON object ``d`` (``what`` names it in errors)."""
-    d = _json_fields(d, ReducePlan, what, "BackwardPlan.to_json()")
-    axes = d["axes"]
-    if not isinstance(axes, list):
-        raise ArgumentError(f"{what}: axes is {axes!r}; expected a list of axis objects")
-    d = _tuples(d)
-    d["axes"] = tuple(Axis(**_json_fields(a, Axis, f"{what}: axes[{i}]", "BackwardPlan.to_json()"))
-                      for i, a in enumerate(axes))
-    return ReducePlan(**d)
+    d = _json_fields(d, ReducePlan, what, _WRITER)
+    axes = _axes_from_json(d["axes"], what, _WRITER)
+    return ReducePlan(**{**_tuples(d), "axes": axes})
 
 
 def _pdl(arch, fused, dx, params) -> bool:

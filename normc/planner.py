@@ -332,18 +332,9 @@ class Plan:
             normc.ArgumentError: (a ValueError) ``text`` is not JSON, or not a plan's JSON object; the
                 message names the missing, unknown or malformed field.
         """
-        try:
-            d = json.loads(text)
-        except ValueError as e:
-            raise ArgumentError(f"text is not JSON ({e}); expected the text of Plan.to_json()") from None
-        d = _json_fields(d, cls, "text")
-        axes = d["axes"]
-        if not isinstance(axes, list):
-            raise ArgumentError(f"text: axes is {axes!r}; expected a list of axis objects")
-        d["axes"] = tuple(Axis(**_json_fields(a, Axis, f"text: axes[{i}]")) for i, a in enumerate(axes))
-        if not isinstance(d.get("why", []), list):
-            raise ArgumentError(f"text: why is {d['why']!r}; expected a list of strings")
-        d["why"] = tuple(d.get("why", ()))
+        d = _json_object(text, cls, "Plan.to_json()")
+        d["axes"] = _axes_from_json(d["axes"], "text", "Plan.to_json()")
+        d["why"] = _why_from_json(d)
         return cls(**d)
 
     def describe(self) -> str:
@@ -403,6 +394,31 @@ def _json_fields(d, cls, what, writer="Plan.to_json()") -> dict:
     if problems:
         raise ArgumentError(f"{what} {' and '.join(problems)}; expected the JSON {writer} writes")
     return dict(d)
+
+
+def _json_object(text, cls, writer) -> dict:
+    """The JSON object ``text`` holds, read as the fields of dataclass ``cls`` (:func:`_json_fields`);
+    :class:`normc.ArgumentError` when it is not JSON (``writer``: what writes such text, for the messages)."""
+    try:
+        d = json.loads(text)
+    except ValueError as e:
+        raise ArgumentError(f"text is not JSON ({e}); expected the text of {writer}") from None
+    return _json_fields(d, cls, "text", writer)
+
+
+def _axes_from_json(axes, what, writer) -> tuple:
+    """The :class:`Axis` tuple of a plan's JSON ``axes`` list (``what``: where it is, for the messages)."""
+    if not isinstance(axes, list):
+        raise ArgumentError(f"{what}: axes is {axes!r}; expected a list of axis objects")
+    return tuple(Axis(**_json_fields(a, Axis, f"{what}: axes[{i}]", writer)) for i, a in enumerate(axes))
+
+
+def _why_from_json(d) -> tuple:
+    """The ``why`` lines of a plan's JSON object ``d`` (absent: none) as a tuple."""
+    why = d.get("why", [])
+    if not isinstance(why, list):
+        raise ArgumentError(f"text: why is {why!r}; expected a list of strings")
+    return tuple(why)
 
 
 def _clusters_ok(arch) -> bool:
