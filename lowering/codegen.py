@@ -1947,10 +1947,12 @@ class _Outer(_Kernel):
         km = KernelSource("normc_outer_stats", g.text(), self.KO * self.NT, p.threads, self.shared, self.ptypes())
         if p.strategy == "outer":
             km = self.stats_sliced(P, ab)
-        # kernel 3: every split CTA reads its columns' a, b and normalizes its rows
+        # kernel 3: CTAs (splits x finish_splits per column tile, walked last-first) read their columns' a, b
+        # and normalize their rows
         self.shared = 0
         g = _Src()
-        self.setup(g, "normc_outer_finish", reverse_grid=p.grid)
+        F = p.finish_splits  # each split's rows over F CTAs: sp_ and the row slices below are of S x F
+        self.setup(g, "normc_outer_finish", splits=S * F, reverse_grid=p.grid * F)
         self.smem(g, "sA", T)
         self.smem(g, "sB", T)
         self.smem(g, "sC", T)
@@ -1960,7 +1962,7 @@ class _Outer(_Kernel):
             g(f"sC[lc] = ld1_f32(wp, {ab} + (t2 * {T} + lc) * 3 + 2)")
         g("cuda.syncthreads()")
         self.emit_normalize(g, reverse=True)
-        k2 = KernelSource("normc_outer_finish", g.text(), p.grid, p.threads, self.shared, self.ptypes())
+        k2 = KernelSource("normc_outer_finish", g.text(), p.grid * F, p.threads, self.shared, self.ptypes())
         return [k1, km, k2]
 
 

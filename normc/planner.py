@@ -123,6 +123,19 @@ SPLIT_CTAS_PER_SM = 4
 # float16 219.4 -> 215.9 (233.2), float32 (4, 64, 64^3) 207.5 -> 208.9, (2, 64, 128^3) 801.8 -> 803.2,
 # (4, 256, 32^3) 110.3 -> 110.2.
 OUTER_SPLIT_CTAS_PER_SM = 2
+# Outer split, third kernel (normalize): CTAs per split (Plan.finish_splits), each re-reading 1/k of the
+# split's rows, while the partial kernel keeps its one-wave grid (and the merge its `splits` partials). Its
+# CTAs stream with nothing to merge (the per-column factors are in the workspace), so more, shorter CTAs
+# cost little and shorten the tail. Capped so that each CTA keeps at least one loop trip of rows. Measured on
+# the H200 (tests/gpu_sweep.py, 2026-12-04, one run), us, 1 / 2 / 4 / 8: NDHWC float32 (4, 64, 64^3) 209.5 /
+# 207.6 / 207.1 / 204.9, (2, 64, 64^3) 111.6 / 111.6 / 110.5 / 109.1; float16 (2, 64, 64^3) 63.7 / 62.4 /
+# 61.4 / 61.0, (2, 32, 128^3) 216.5 / 215.0 / 218.2 / 214.6; NHWC batch statistics float16 (256, 256, 28,
+# 28) 94.0 / 92.4 / 92.3 / 92.6; NHWC float32 (1, 32, 640, 640) 50.9 / 50.3 / 50.0 / 49.9. The inner split's
+# finish also merges the partials in every CTA; there 8 gained 1.4% on 128 rows of 2M float32 and lost on
+# rows of 100-400K (forced split: 52.1 -> 53.1, 29.5 -> 34.8 us at 2), so the inner split keeps 1.
+OUTER_FINISH_SPLITS = 8
+# The same for the mixed strategy (NHWC group norm), whose split shares the outer kernels.
+MIXED_FINISH_SPLITS = 1
 # Inner split: the grid (rows x splits) is sized in waves of resident CTAs (STREAM_THREADS_PER_SM / 512 per
 # SM): the fewest waves, at least SPLIT_MIN_WAVES, in which rows x splits fills at least SPLIT_MIN_FILL of
 # the slots. Before, splits = ceil(4 x SMs / rows) gave 2.2-4.4 waves (64 rows: 576 CTAs for 264 slots, the
@@ -251,10 +264,13 @@ class Plan:
         peel: inner streaming schedules: rows start at varying alignments within a ``vec`` vector (PEEL);
             each row's first values up to a vector boundary and its last values after its last whole vector
             are handled one at a time by one thread, the rest as aligned vectors.
+        finish_splits: outer/mixed split: CTAs of the normalize (third) kernel per split CTA, each
+            normalizing 1/finish_splits of the split's rows (``OUTER_FINISH_SPLITS``); else 1.
         cache_hints: L2 cache hints of the schedules that read x twice (looped, split, coop; ignored by
             persistent ones): 0 none; 1 x's last read and y's stores evict-first (``ld/st.global.cs``), so L2
             keeps the lines of x the second pass has yet to read; 2 also the first read of x evict-last.
-        grid: CTAs of the (each) kernel; coop: the most CTAs its cooperative kernel uses (``splits`` x the
+        grid: CTAs of the (each) kernel, but the normalize kernel of an outer/mixed split, which has
+            ``grid * finish_splits``; coop: the most CTAs its cooperative kernel uses (``splits`` x the
             reductions in flight).
         kept, reduced: number of kept indices (reductions) and elements per reduction.
         arch: compute capability the plan was made for, e.g. ``"sm_90"``.
@@ -292,6 +308,7 @@ class Plan:
     cluster: int = 1
     cache_hints: int = 0
     peel: bool = False
+    finish_splits: int = 1
     why: tuple = field(default=(), compare=False)
 
     @property
@@ -370,7 +387,9 @@ class Plan:
         if self.kept * self.reduced == 0:
             lines.append("launch:   none (zero-size input: nothing to compute)")
         else:
-            lines.append(f"launch:   {nk} kernel(s), grid={self.grid} block={self.threads} arch={self.arch}")
+            grids = f"grid={self.grid}" + (f" (normalize kernel: {self.grid * self.finish_splits})"
+                                           if self.finish_splits > 1 else "")
+            lines.append(f"launch:   {nk} kernel(s), {grids} block={self.threads} arch={self.arch}")
         if self.stats:
             lines.append("stats:    float32 mean and rstd written, one per reduction")
         lines.extend(f"why:      {w}" for w in self.why)
@@ -564,7 +583,7 @@ def make_plan(problem, *, arch="sm_90", sms=DEFAULT_SMS, schedule=None, max_clus
         plan = _plan_inner(p, common, dbytes, unit, why, schedule, csizes)
     else:
         plan = _plan_outer(p, common, dbytes, unit, strategy, why, schedule, csizes)
-    check_grid(plan.grid, p.kept, p.reduced)
+    check_grid(plan.grid * plan.finish_splits, p.kept, p.reduced)
     return plan
 
 
@@ -969,6 +988,14 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
             f"to a workspace, merged once per column tile by a second kernel, normalized by a third"
             if splits > 1 else f"{base} column tiles, rows too few to split: statistics loop, re-read"
         )
+    finish = 1
+    if schedule == "split":
+        # rows of a split slice over `finish` normalize CTAs, each keeping one loop trip of rows at least
+        cap = OUTER_FINISH_SPLITS if strategy == "outer" else MIXED_FINISH_SPLITS
+        finish = max(1, min(cap, -(-rows // splits) // (ry * LOOP_UNROLL)))
+        if finish > 1:
+            why.append(f"normalize kernel over {finish} CTAs per split ({base * splits * finish} CTAs): "
+                       "shorter re-reads, a shorter tail")
     hints = _hints(strategy, schedule, x_bytes, why)
     return Plan(
         strategy=strategy, schedule=schedule, vec=vec,
@@ -976,7 +1003,7 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
         shift_vec=_param_vec(p, axes, vec, dbytes, "shift", block),
         threads=threads, tpr=0, rows_per_cta=0, nxc=nxc, ry=ry, tile=tile, group=group,
         per_thread=per, splits=splits, grid=base * splits * cluster, cluster=cluster, cache_hints=hints,
-        why=tuple(why), **common,
+        finish_splits=finish, why=tuple(why), **common,
     )
 
 

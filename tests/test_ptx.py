@@ -129,6 +129,20 @@ def test_split_kernels_before_sm90_are_not_chained():
         assert assemble(k.ptx, "sm_80")[0]
 
 
+def test_outer_split_finish_grid():
+    """An outer split's normalize kernel runs finish_splits CTAs per split CTA (NDHWC (4, 64, 64^3) float32:
+    528 partial CTAs, 8 x 528 normalizing ones), the partial and merge kernels keep theirs."""
+    r = ROWS[24]
+    spec = _row_spec(r)
+    strides = layout_strides(spec, r["shape"], r["memory_perm"])
+    prob = make_problem(spec, r["shape"], strides, dense_like(r["shape"], strides), x_dtype=r["dtype"])
+    plan = make_plan(prob, arch="sm_90")
+    assert (plan.strategy, plan.schedule, plan.grid, plan.finish_splits) == ("outer", "split", 528, 8)
+    ks = generate(plan)
+    assert [k.grid for k in ks] == [528, 64, 528 * 8]
+    assert "normalize kernel: 4224" in plan.describe()
+
+
 FORCED = [
     ("t d : norm over d ; scale d ; shift d", (64, 4096), "bfloat16", None),
     ("t d : rms over d ; scale d", (8, 8192), "float16", None),

@@ -313,6 +313,14 @@ def test_outer_split_many_rows(shape, dtype):
     assert plan.splits >= 2
 
 
+def test_outer_split_finish_splits():
+    # 256 rows of 128 channels over 4 splits: the normalize kernel runs 2 CTAs per split (Plan.finish_splits),
+    # each re-reading half of its split's rows; y and the statistics still match float64
+    x = make_x((1, 128, 16, 16), "float32", perm=NHWC, loc=3.0)
+    _, _, _, plan = run_case(IN2, x, schedule="split", expect=("outer", "split"))
+    assert (plan.splits, plan.finish_splits) == (4, 2)
+
+
 def test_outer_instance_norm_3d_ndhwc():
     run_case(IN3, make_x((1, 2, 3, 4, 5), "float16", perm=[0, 2, 3, 4, 1]), expect=("outer", "persistent"))
 
