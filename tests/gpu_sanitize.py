@@ -45,6 +45,8 @@ CASES = [
      "float16", "looped"),
     ("outer-split", "n c h w : norm over h w ; scale c ; shift c", {}, (1, 24, 31, 33), (0, 2, 3, 1),
      "bfloat16", "split"),
+    ("outer-split-finish", "n c h w : norm over h w ; scale c ; shift c", {}, (1, 128, 16, 16), (0, 2, 3, 1),
+     "float32", "split"),  # 2 normalize CTAs per split CTA (Plan.finish_splits)
     ("outer-batch-stats-split", "n c h w : norm over n h w ; scale c ; shift c", {}, (3, 13, 7, 9),
      (0, 2, 3, 1), "float32", "split"),
     ("mixed-persistent", "n (g k) h w : norm over k h w ; scale g k ; shift g k", {"g": 4}, (2, 12, 5, 7),
@@ -141,7 +143,7 @@ def run_cases() -> int:
             if want == ["fused", "prefetch"]:  # the backward plan that ran prefetches (it would not where it spills)
                 ok = ok and bplan.fused is not None and bplan.fused.prefetch
             print(f"CASE {name:26s} {plan.strategy}/{plan.schedule} vec={plan.vec} splits={plan.splits} "
-                  f"cluster={plan.cluster} kernels={len(f._table[next(iter(f._table))].kernels)} err={err:.1e} "
+                  f"cluster={plan.cluster} finish_splits={plan.finish_splits} kernels={len(f._table[next(iter(f._table))].kernels)} err={err:.1e} "
                   f"backward_err={berr:.1e} {'ok' if ok else 'FAIL'}",
                   flush=True)
             bad += not ok
