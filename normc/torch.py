@@ -158,8 +158,12 @@ def _norm_impl(x, weight, bias, spec, eps, sizes):
     """(y, mean, rstd): normc's kernels where they apply, else the torch reference (the body of
     ``torch.ops.normc.norm``)."""
     hit = _kernel_forward(x, weight, bias, spec, eps, sizes)
-    if hit is not None:
-        return hit[1]
+    return hit[1] if hit is not None else _reference_impl(x, weight, bias, spec, eps, sizes)
+
+
+def _reference_impl(x, weight, bias, spec, eps, sizes):
+    """(y, mean, rstd) from the torch reference, after the runtime's argument checks (where the kernels do
+    not apply: CPU tensors, float64, other dtypes)."""
     sp = _spec_of(spec, eps, sizes)
     w = None if weight is None else weight.contiguous()
     b = None if bias is None else bias.contiguous()
@@ -370,7 +374,7 @@ class _EagerNorm(torch.autograd.Function):
         # host each torch method call from Python (reshape, to, contiguous) and each memo probe costs 1-3 us,
         # which a host-bound training step pays per norm and direction.
         hit = _kernel_forward(x, weight, bias, spec, eps, sizes)
-        f, (y, mean, rstd) = hit if hit is not None else (None, _norm_impl(x, weight, bias, spec, eps, sizes))
+        f, (y, mean, rstd) = hit if hit is not None else (None, _reference_impl(x, weight, bias, spec, eps, sizes))
         _setup_context(ctx, (x, weight, bias, spec, eps, sizes), (y, mean, rstd))
         ctx.compiled = f
         ctx.mark_non_differentiable(mean, rstd)
