@@ -40,6 +40,10 @@ PARAMS = "xp, op, sp, hp, mp, rp, wp"
 # 256-thread ones 3, and grids planned for 4 x 512 threads per SM ran 2.2-4.4 waves, the last one mostly idle.
 # Grids of split schedules are sized in these slots (see _fill_splits).
 STREAM_THREADS_PER_SM = 1024
+# Launch bound of the coop schedule's cooperative kernel: threads resident per SM (0: none). 1024 (four
+# 256-thread CTAs, planner COOP_CTAS_PER_SM) fits the float32 kernels in 63 registers without spills; the
+# 16-bit ones spill under it and keep their 104 (two CTAs per SM: the runtime's co-resident grid).
+COOP_SM_THREADS = 1024
 # Threads per SM a persistent inner kernel whose threads hold more than 32 values is compiled to keep resident
 # (launch bounds, when ptxas then spills nothing): 512, at most 128 registers per thread.
 PERSISTENT_SM_THREADS = 512
@@ -1240,15 +1244,21 @@ class _Inner(_Kernel):
 
     def coop(self):
         """The split's two halves in one cooperative kernel over a co-resident grid (``plan.grid`` CTAs at
-        most, fewer if fewer fit; the runtime sizes it). CTAs walk the (row, split) items in order, ``grid``
-        apart, so about ``grid / S`` rows are in flight. After writing its partial, a CTA arrives on its row's
-        counter (release) and waits until all S have (acquire), then merges and re-reads its slice, which it
-        read moments before and which is still in L2: HBM sees x about once. Every CTA waited on is resident
-        (grid co-resident, S <= grid, items taken in order), so the waits end. A first, tiny kernel zeroes
-        the counters (one per row, after the partials in the workspace)."""
+        most, fewer if fewer fit; the runtime sizes it), software-pipelined by one item.
+
+        CTAs walk the (row, split) items in order, ``grid`` apart: at step ``s`` a CTA computes the partial
+        statistics of its item ``s`` (arriving on that row's counter, release), then waits (acquire) until
+        all S partials of its item ``s - 1``'s row are in, merges them and normalizes that item's slice,
+        re-reading it from L2, where it has been since the step before (HBM sees x about once). Waiting one
+        item behind means a CTA's wait overlaps its own next read instead of idling until its row's slowest
+        CTA arrives. The waits end: a wait on item ``w``'s row needs partials of items below ``w + S <= w +
+        grid``, and writing item ``j``'s partial needs only waits on items up to ``j - 2 grid``, so every wait
+        depends on strictly earlier waits, and every CTA is resident. A first, tiny kernel zeroes the counters
+        (one per row, after the partials in the workspace)."""
         p, S = self.p, self.p.splits
         L = -(-self.NC // S)
-        cnt = 3 * p.kept * S  # the counters' offset in the workspace (u32 words)
+        items = p.kept * S
+        cnt = 3 * items  # the counters' offset in the workspace (u32 words)
         g = _Src()
         self.prologue(g, "normc_inner_zero")
         with g.block(f"for i in range(bid * {p.threads} + tid, {p.kept}, {COUNTER_ZERO_GRID * p.threads}):"):
@@ -1259,15 +1269,25 @@ class _Inner(_Kernel):
         self.prologue(g, "normc_inner_coop")
         g("lane = tid")
         g("rloc = 0")
-        with g.block(f"for bid in range(I64(cuda.blockIdx.x), {p.kept * S}, I64(cuda.gridDim.x)):"):
-            self._partial(g, S, L)
-            with g.block("if tid == 0:"):
-                g(f"arrive_u32(wp, {cnt} + row)  # release: lane 0's partial is visible before the count")
-                with g.block(f"while acquire_u32(wp, {cnt} + row) < {S}:"):
-                    g("pass")
-            g("cuda.syncthreads()")
-            self._merge_and_normalize(g, S, L, ld="ldcg_f32")
-            g("cuda.syncthreads()  # the next item reuses this item's shared arrays")
+        g("first = I64(cuda.blockIdx.x)")
+        g("stride = I64(cuda.gridDim.x)")
+        g(f"mine = ({items} - first + stride - 1) // stride  # this CTA's items")
+        with g.block("for step in range(mine + 1):"):
+            with g.block("if step < mine:"):
+                g("bid = first + step * stride")
+                self._partial(g, S, L)
+                with g.block("if tid == 0:"):
+                    g(f"arrive_u32(wp, {cnt} + row)  # release: lane 0's partial is visible before the count")
+            with g.block("if step > 0:"):
+                g("bid = first + (step - 1) * stride  # the item before: its slice is in L2")
+                g(f"sp_ = bid % {S}")
+                self.row_setup(g, f"bid // {S}", False)
+                with g.block("if tid == 0:"):
+                    with g.block(f"while acquire_u32(wp, {cnt} + row) < {S}:"):
+                        g("pass")
+                g("cuda.syncthreads()")
+                self._merge_and_normalize(g, S, L, ld="ldcg_f32", reverse=True)
+            g("cuda.syncthreads()  # the next step reuses this step's shared arrays")
         k1 = KernelSource("normc_inner_coop", g.text(), p.grid, p.threads, self.shared, self.ptypes(), coop=True)
         return [k0, k1]
 
@@ -1979,7 +1999,8 @@ def generate(plan) -> list[KernelSource]:
         if plan.schedule == "looped":
             return _streaming([k.looped()])
         if plan.schedule == "coop":
-            return k.coop()
+            zero, coop = k.coop()  # the cooperative kernel bounded to COOP_SM_THREADS (dropped if it spills)
+            return [zero, replace(coop, min_ctas=max(1, COOP_SM_THREADS // coop.block)) if COOP_SM_THREADS else coop]
         return _chain(_streaming(k.split()), plan.arch)
     k = _Outer(plan)
     if plan.schedule == "split":

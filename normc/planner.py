@@ -144,20 +144,29 @@ MIXED_FINISH_SPLITS = 1
 SPLIT_MIN_WAVES = 1
 SPLIT_MIN_FILL = 0.9
 # Whether inner rows too long for one CTA and too few to fill the GPU get the coop schedule (1) or the
-# two-kernel split (0) by default; forced or autotuned plans can use either. 0: coop measured slower (see
-# the module docstring).
+# two-kernel split (0) by default; forced or autotuned plans can use either. 0: coop measured slower or level
+# (below, and docs/performance.md).
 COOP_DEFAULT = 0
-# Coop schedule: 512-thread CTAs per SM the co-resident grid is planned with, and so the most CTAs per row
-# (splits <= this x SMs, which the runtime's grid of min(planned, co-resident) CTAs always covers). Its kernels
-# use 62-109 registers per thread (ptxas at sm_90, anchor rows), so one 512-thread CTA fits an SM; a cap of 64
-# (launch bounds 512, 2) spilled 36-274 bytes in the norm kernels.
-COOP_CTAS_PER_SM = 1
-# Coop schedule: vectors each thread loads per loop trip (memory-level parallelism: one CTA per SM must keep
-# enough bytes in flight on its own).
+# Coop schedule: CTAs per SM the co-resident grid is planned with, and so the most CTAs per row (splits <= this x
+# SMs, which the runtime's grid of min(planned, co-resident) CTAs always covers), and their size. Its kernel is
+# pipelined by one item (lowering.codegen: a CTA's wait overlaps its next read); four 256-thread CTAs per SM
+# overlap one CTA's reductions and waits with the others' streaming (codegen COOP_SM_THREADS bounds the float32
+# kernels to 64 registers, no spills). Measured on an H100 (tests/gpu_sweep.py, 2026-12-05, COOP_DEFAULT=1,
+# split default for comparison): 2 x 32 x 128^3 float32 NCDHW: one 512-thread CTA per SM 650.9 us, 3 x 256
+# 577.5, 4 x 256 571.6 (559.9 with COOP_CACHE_HINTS 2), 1 x 1024 759.1, split 564.7; 100 x 1M float32 layer
+# norm: 618.1 / 529.2 / 531.7 / 770.0, split 440.5; float16 2 x 32 x 128^3: 361.7 / 330.3 / 345.5 / 440.6,
+# split 286.5. Smaller steps (COOP_L2_BYTES 16 or 8 MiB: more CTAs per row) were slower on every row.
+COOP_CTAS_PER_SM = 4
+COOP_THREADS = CTA_THREADS
+# Coop schedule: vectors each thread loads per loop trip.
 COOP_UNROLL = LOOP_UNROLL
 # Coop schedule: bytes of x in flight (rows being reduced at once) kept under this so that a CTA's re-read of
-# its slice, after the row's partials are in, hits L2: half the H200's 60 MB L2, as LOOPED_L2_BYTES.
+# its slice, a step after its first read, hits L2: half the H200's 60 MB L2, as LOOPED_L2_BYTES.
 COOP_L2_BYTES = 30 * 2**20
+# Coop schedule: L2 cache hints (as CACHE_HINTS: 1 marks x's re-read and y's stores evict-first, 2 also x's
+# first read evict-last, what the next step re-reads). 2 measured 559.9 us against 571.6 with 1 on the
+# 2 x 32 x 128^3 float32 row above, 1128.8 against 1147.0 on 2 x 64 x 128^3; the other rows within 0.1%.
+COOP_CACHE_HINTS = 2
 # CTAs per thread-block cluster tried for reductions too large for one CTA's registers (sm_90+): 8 is the
 # largest portable cluster size (CUDA programming guide, "Thread Block Clusters"); the CTAs of a cluster are
 # co-scheduled on one GPC and read each other's shared memory (DSMEM), so the partial statistics of a
@@ -499,6 +508,10 @@ def _hints(strategy, schedule, x_bytes, why, row_params_16bit=False) -> int:
         return PERSISTENT_CACHE_HINTS
     if schedule not in ("looped", "split", "coop") or not CACHE_HINTS:
         return 0
+    if schedule == "coop":
+        if COOP_CACHE_HINTS:
+            why.append("coop: x's re-read and y's stores evict-first in L2, so L2 keeps the next step's slices")
+        return COOP_CACHE_HINTS
     if strategy == "inner" and schedule != "looped":
         return 0
     if x_bytes > HINTS_MAX_X_BYTES:
@@ -813,6 +826,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
         # Rows in flight: as many as COOP_L2_BYTES holds (at least 1); splits: the co-resident CTAs shared
         # among them, at least LOOP_UNROLL vectors per thread each. Forced (tests): 2 splits, 1 row in flight.
         row_bytes = p.reduced * dbytes["x"]
+        tpr = COOP_THREADS
         ctas = COOP_CTAS_PER_SM * sms
         max_splits = max(1, nc // (tpr * COOP_UNROLL))
         inflight = max(1, min(K, COOP_L2_BYTES // max(row_bytes, 1)))
