@@ -64,7 +64,8 @@ def _strides_arg(name, strides, nd):
 
 
 def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dtype=None, out_strides=None,
-             scale_dtype=None, shift_dtype=None, stats=False, arch="sm_90", sms=DEFAULT_SMS, aligns=None):
+             scale_dtype=None, shift_dtype=None, stats=False, arch="sm_90", sms=DEFAULT_SMS, aligns=None,
+             schedule=None):
     """Plan ``spec`` for an x of logical ``shape`` (no GPU needed).
 
     Args:
@@ -79,6 +80,9 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
         arch: target compute capability, e.g. ``"sm_90"``.
         sms: multiprocessors assumed when sizing grids.
         aligns: byte alignment of the base pointers (dict: x, out, scale, shift; default 16).
+        schedule: force a schedule as :func:`normc.compile` does (``"persistent"``, ``"staged"``, ``"looped"``,
+            ``"split"``, ``"coop"`` or ``"cluster"``; where the problem does not admit it, the planner keeps its
+            own choice and says why); None: the planner's choice.
 
     Returns:
         :class:`normc.Plan`.
@@ -86,7 +90,7 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
     Raises:
         SpecError: the spec text is invalid.
         ArgumentError: any other argument is invalid (shape, strides, out_strides that overlap, dtypes, layout,
-            stats not a bool, arch, sms, aligns).
+            stats not a bool, arch, sms, aligns, schedule).
     """
     from .spec import Spec, spec as parse
 
@@ -102,6 +106,10 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
         if not (optional and dt is None) and dt not in DTYPES:
             raise ArgumentError(f"{name} is {dt!r}; expected one of {', '.join(map(repr, DTYPES))}")
     stats = check_flag(stats, "stats")
+    from .runtime.tune import SCHEDULES  # the one list of schedule names
+
+    if schedule not in SCHEDULES:
+        raise ArgumentError(f"schedule is {schedule!r}; expected one of {SCHEDULES}")
     if isinstance(sms, bool) or not isinstance(sms, numbers.Integral) or sms < 1:
         raise ArgumentError(f"sms is {sms!r}; expected a positive int (multiprocessors)")
     if aligns is not None:
@@ -122,4 +130,4 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
     from .lowering import arch_cc
 
     cc = arch_cc(arch)
-    return make_plan(prob, arch=f"sm_{cc[0]}{cc[1]}", sms=sms)
+    return make_plan(prob, arch=f"sm_{cc[0]}{cc[1]}", sms=sms, schedule=schedule)

@@ -111,7 +111,8 @@ def _plan_from_args(args):
     out_dtype = _parse_dtype(args.out_dtype, "--out-dtype")
     sp = parse_spec(args.spec, eps=eps, **sizes)
     sp.axis_sizes(shape)  # rank and split-extent checks, with their messages, before the layout is read
-    return plan_for(sp, shape, dtype, layout=args.layout, out_dtype=out_dtype, stats=args.stats, arch=args.arch)
+    return plan_for(sp, shape, dtype, layout=args.layout, out_dtype=out_dtype, stats=args.stats, arch=args.arch,
+                    schedule=getattr(args, "schedule", None))
 
 
 def _emit(text: str, path):
@@ -170,6 +171,9 @@ def _no_stats_with_backward(args):
     if getattr(args, "stats", False):
         raise _UsageError("--stats asks the forward for mean and rstd; the backward kernels read them "
                           "(drop --stats or --backward)")
+    if getattr(args, "schedule", None):
+        raise _UsageError("--schedule forces the forward's schedule; the backward plan chooses its own "
+                          "(drop --schedule or --backward)")
 
 
 def _backward_plan_from_args(args):
@@ -331,6 +335,9 @@ def _add_common(p):
                    "(default 1e-5)")
     p.add_argument("--arch", default="sm_90", help="target compute capability (default sm_90)")
     p.add_argument("--stats", action="store_true", help="also produce float32 mean and rstd per reduction")
+    p.add_argument("--schedule", default=None, choices=("persistent", "staged", "looped", "split", "coop", "cluster"),
+                   help="force the forward's schedule, as normc.compile(schedule=...) does (where the problem does "
+                        "not admit it, the plan keeps the planner's choice and its 'why:' lines say so)")
     p.add_argument("-o", "--output", default=None, metavar="FILE", help="write to FILE instead of stdout")
 
 

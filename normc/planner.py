@@ -824,7 +824,8 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
         why.append(f"{vec * dbytes['x']} B vectors: {per} per loop trip ({per * vec * dbytes['x']} B in flight per thread)")
     if schedule == "coop":
         # Rows in flight: as many as COOP_L2_BYTES holds (at least 1); splits: the co-resident CTAs shared
-        # among them, at least LOOP_UNROLL vectors per thread each. Forced (tests): 2 splits, 1 row in flight.
+        # among them, at least COOP_UNROLL vectors per thread each. Forced: at least 2 splits (CTAs that wait for
+        # each other), as a forced split.
         row_bytes = p.reduced * dbytes["x"]
         tpr = COOP_THREADS
         ctas = COOP_CTAS_PER_SM * sms
@@ -833,7 +834,8 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
         splits = max(1, min(ctas // inflight, max_splits))
         inflight = max(1, min(inflight, ctas // splits))
         if force == "coop":
-            splits, inflight = 2, 1
+            splits = max(2, splits)
+            inflight = max(1, min(inflight, ctas // splits))
         per = COOP_UNROLL
         why.append(f"coop: {splits} CTAs per row, {inflight} row(s) of {row_bytes} B in flight "
                    f"(<= {COOP_L2_BYTES} B of L2), up to {splits * inflight} co-resident CTAs")

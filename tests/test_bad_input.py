@@ -82,6 +82,8 @@ def test_spec_error_has_a_caret_under_the_position(entry):
     ({"arch": "sm_5"}, ["arch"]),
     ({"layout": "t t"}, ["layout"]),
     ({"layout": [0, 0]}, ["layout"]),
+    ({"schedule": "fast"}, ["schedule", "'split'"]),
+    ({"schedule": 1}, ["schedule"]),
 ])
 def test_plan_names_the_bad_argument(kw, words):
     args = {"shape": (2, 3)}

@@ -175,6 +175,8 @@ def test_plan_eps_and_sizes(capsys):
         (["plan", "n (g k) h w : norm over k h w", "--size", "g=32", "--shape", "2,48,4,4"], "divisible"),
         (["plan", "t d : norm over d", "--shape", "4,8", "--backward", "--stats"], "drop --stats or --backward"),
         (["ptx", "t d : norm over d", "--shape", "4,8", "--backward", "--stats"], "drop --stats or --backward"),
+        (["plan", "t d : norm over d", "--shape", "4,8", "--backward", "--schedule", "split"],
+         "drop --schedule or --backward"),
     ],
 )
 def test_errors_exit_2_with_one_line(args, needle, capsys):
@@ -189,6 +191,29 @@ def test_ptx_targets_the_arch_asked_for(arch, capsys):
     """Architectures the toolkit compiles for are kept as given (sm_999 once printed ``.target sm_121``)."""
     assert main(["ptx", "t d : norm over d", "--shape", "2,5", "--arch", arch]) == 0
     assert re.findall(r"^\.target (\S+)$", capsys.readouterr().out, re.M) == [arch]
+
+
+def test_plan_and_ptx_schedule_forced(capsys):
+    """--schedule forces the forward's schedule as normc.compile(schedule=...) does: a 64 x 4096 layer norm the
+    planner keeps persistent is planned and lowered split (2 kernels) and coop (counters, then the cooperative
+    kernel with at least 2 CTAs per row); a schedule the problem does not admit leaves the planner's choice."""
+    args = ["t d : norm over d ; scale d ; shift d", "--shape", "64,4096"]
+    assert main(["plan", *args]) == 0
+    assert capsys.readouterr().out.startswith("strategy: inner / persistent")
+    assert main(["plan", *args, "--schedule", "split", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["schedule"], plan["splits"] >= 2) == ("split", True)
+    assert main(["ptx", *args, "--schedule", "split"]) == 0
+    assert len(_modules(capsys.readouterr().out)) == 2
+    assert main(["plan", *args, "--schedule", "coop"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("strategy: inner / coop") and "splits=2" in out
+    assert main(["plan", "n c h w : norm over h w", "--shape", "2,3,4,5", "--layout", "n h w c",
+                 "--schedule", "coop"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("strategy: outer /") and "coop schedule exists for the inner strategy only" in out
+    assert main(["plan", *args, "--schedule", "fast"]) == 2
+    assert "--schedule" in capsys.readouterr().err
 
 
 def test_spec_error_reports_column(capsys):

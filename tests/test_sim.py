@@ -259,9 +259,12 @@ def test_inner_split_column_major_finish(text, shape, dtype):
 
 
 @pytest.mark.parametrize("spec, dtype", [(LN, "bfloat16"), (RMS, "float32")], ids=["norm-bf16", "rms"])
-def test_inner_coop(spec, dtype):
-    """The cooperative split: 2 CTAs per row wait on the row's arrival counter, 3 rows walked one at a time by
-    a grid of 2 (the simulator runs the grid as one block, so the CTAs really do wait for each other)."""
+def test_inner_coop(spec, dtype, monkeypatch):
+    """The cooperative split: 2 CTAs per row wait on the row's arrival counter; with one row in flight
+    (COOP_L2_BYTES = one row), a grid of 2 walks the 3 rows in 3 pipelined steps, each CTA waiting for the row
+    of its previous step (the simulator runs the grid as one block, so the CTAs really do wait for each
+    other)."""
+    monkeypatch.setattr("normc.planner.COOP_L2_BYTES", 600 * np.dtype(np_dtype(dtype)).itemsize)
     _, _, _, plan = run_case(spec, make_x((3, 600), dtype), schedule="coop", expect=("inner", "coop"))
     assert (plan.splits, plan.grid) == (2, 2)
     assert plan.workspace_floats == 3 * 3 * 2 + 3  # partials, then one counter per row
