@@ -16,7 +16,7 @@ import warnings
 from ..canonical import check_no_overlap, dense_like
 from ..errors import ArgumentError, check_flag
 from ..problem import dtype_name, make_problem, pointer_align
-from .arrays import SUPPORTED, describe, empty, kind_of
+from .arrays import SUPPORTED, c_order, describe, empty, kind_of
 
 __all__ = ["Compiled", "gpu_available"]
 
@@ -448,10 +448,7 @@ class Compiled:
                 where = lambda d: "the host" if d is None else f"cuda:{d}"  # noqa: E731
                 raise ArgumentError(f"{name} is on {where(info.device)}; expected x's device {where(xi.device)}")
             # C order (row-major) is required: the elements are read as the spec's axes in spec order.
-            nontrivial = [(n, s) for n, s in zip(info.shape, info.strides) if n > 1]
-            c_order = all(nontrivial[i][1] == nontrivial[i + 1][1] * nontrivial[i + 1][0]
-                          for i in range(len(nontrivial) - 1)) and (not nontrivial or nontrivial[-1][1] == 1)
-            if not c_order:
+            if not c_order(info):
                 raise ArgumentError(
                     f"{name} must be C-contiguous (row-major; got strides {info.strides} for shape {info.shape}): "
                     f"its elements are read in the order of the axes '{' '.join(getattr(spec, name))}'"

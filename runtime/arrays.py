@@ -9,6 +9,8 @@ path.
 
 from __future__ import annotations
 
+import math
+
 import os
 from dataclasses import dataclass, replace
 
@@ -146,6 +148,16 @@ def describe(obj, name: str, stream=None) -> ArrayInfo:
             acc *= n
     readonly = readonly or _immutable(obj)
     return ArrayInfo(obj, kind, ptr, shape, tuple(strides), dt, device, readonly)
+
+
+def c_order(info: ArrayInfo) -> bool:
+    """Whether ``info``'s strides are C order (row-major) over its extents greater than 1; an array with no
+    element is (torch and numpy agree)."""
+    if math.prod(info.shape) == 0:
+        return True
+    nontrivial = [(n, s) for n, s in zip(info.shape, info.strides) if n > 1]
+    return all(nontrivial[i][1] == nontrivial[i + 1][1] * nontrivial[i + 1][0]
+               for i in range(len(nontrivial) - 1)) and (not nontrivial or nontrivial[-1][1] == 1)
 
 
 def _immutable(obj) -> bool:

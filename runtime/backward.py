@@ -17,7 +17,7 @@ import numpy as np
 from ..canonical import dense_like
 from ..errors import ArgumentError, check_flag
 from ..problem import make_problem, pointer_align
-from .arrays import SUPPORTED, describe, empty
+from .arrays import SUPPORTED, c_order, describe, empty
 
 __all__ = ["backward", "plan_backward"]
 
@@ -30,14 +30,6 @@ class _BEntry:
     def __init__(self, plan, kernels, dx_strides, dscale_shape, dshift_shape, sim):
         self.plan, self.kernels, self.dx_strides = plan, kernels, dx_strides
         self.dscale_shape, self.dshift_shape, self.sim = dscale_shape, dshift_shape, sim
-
-
-def _c_order(info):
-    if math.prod(info.shape) == 0:  # no element: any strides are C order (torch and numpy agree)
-        return True
-    nontrivial = [(n, s) for n, s in zip(info.shape, info.strides) if n > 1]
-    return all(nontrivial[i][1] == nontrivial[i + 1][1] * nontrivial[i + 1][0]
-               for i in range(len(nontrivial) - 1)) and (not nontrivial or nontrivial[-1][1] == 1)
 
 
 def _same_layout(shape, a, b):
@@ -75,14 +67,14 @@ def _check(compiled, gi, xi, mi, ri, si):
             raise ArgumentError(f"{name} has {math.prod(info.shape)} elements (shape {info.shape}); expected "
                                 f"{kept}, one per kept index (shape {stat_shape})")
         check_not_transposed(name, info.shape, spec.kept, sizes)  # e.g. mean.T: read in the wrong order
-        if not _c_order(info):
+        if not c_order(info):
             raise ArgumentError(f"{name} must be C-contiguous (got strides {info.strides} for shape {info.shape})")
     # presence, element count and order as the forward checks them (dx depends on the scale)
     check_param(spec, sizes, "scale", "scale", None if si is None else si.shape)
     if si is not None:
         if si.dtype not in SUPPORTED:
             raise ArgumentError(f"scale has dtype {si.dtype}; expected one of {', '.join(SUPPORTED)}")
-        if not _c_order(si):
+        if not c_order(si):
             raise ArgumentError(f"scale must be C-contiguous (got strides {si.strides} for shape {si.shape})")
     return sizes, sim
 
