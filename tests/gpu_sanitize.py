@@ -39,6 +39,10 @@ CASES = [
     # cooperative grid: CTAs spin on per-row arrival counters
     ("inner-coop", "t d : norm over d ; scale d ; shift d", {}, (3, 30001), None, "float32", "coop"),
     ("inner-coop-bf16", "t d : rms over d ; scale d", {}, (5, 40000), None, "bfloat16", "coop"),
+    # one row in flight (planner constants for this case): 7 CTAs walk 49 items in 7 pipelined steps, each
+    # waiting for the row of its previous step
+    ("inner-coop-steps", "t d : norm over d ; scale d ; shift d", {}, (7, 30001), None, "float32", "coop",
+     {"COOP_L2_BYTES": 30001 * 4}),
     ("outer-persistent", "n c h w : norm over h w ; scale c ; shift c", {}, (3, 37, 5, 7), (0, 2, 3, 1),
      "float32", None),
     ("outer-looped", "n c h w : norm over h w ; scale c ; shift c", {}, (2, 40, 9, 11), (0, 2, 3, 1),
@@ -103,7 +107,13 @@ def run_cases() -> int:
     import normc
 
     bad = 0
-    for name, text, sizes, shape, perm, dtype, schedule in CASES:
+    from normc import planner
+
+    for name, text, sizes, shape, perm, dtype, schedule, *consts in CASES:
+        consts = consts[0] if consts else {}
+        saved = {k: getattr(planner, k) for k in consts}
+        for k, v in consts.items():
+            setattr(planner, k, v)
         spec = normc.spec(text, **sizes)
         dt = getattr(torch, dtype)
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -150,6 +160,9 @@ def run_cases() -> int:
         except Exception as e:  # report and go on
             print(f"CASE {name:26s} ERROR {type(e).__name__}: {e}"[:400], flush=True)
             bad += 1
+        finally:
+            for k, v in saved.items():
+                setattr(planner, k, v)
     return 1 if bad else 0
 
 
