@@ -41,7 +41,7 @@ PARAMS = "xp, op, sp, hp, mp, rp, wp"
 # Grids of split schedules are sized in these slots (see _fill_splits).
 STREAM_THREADS_PER_SM = 1024
 # Launch bound of the coop schedule's cooperative kernel: threads resident per SM (0: none). 1024 (four
-# 256-thread CTAs, planner COOP_CTAS_PER_SM) fits the float32 kernels in 63 registers without spills; the
+# 256-thread CTAs, planner COOP_CTAS_PER_SM) fits the float32 kernels in 64 registers without spills; the
 # 16-bit ones spill under it and keep their 104 (two CTAs per SM: the runtime's co-resident grid).
 COOP_SM_THREADS = 1024
 # Threads per SM a persistent inner kernel whose threads hold more than 32 values is compiled to keep resident

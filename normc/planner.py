@@ -147,8 +147,8 @@ SPLIT_MIN_FILL = 0.9
 # two-kernel split (0) by default; forced or autotuned plans can use either. 0: coop measured slower or level
 # (below, and docs/performance.md).
 COOP_DEFAULT = 0
-# Coop schedule: CTAs per SM the co-resident grid is planned with, and so the most CTAs per row (splits <= this x
-# SMs, which the runtime's grid of min(planned, co-resident) CTAs always covers), and their size. Its kernel is
+# Coop schedule: CTAs per SM the co-resident grid is planned with (rows in flight x CTAs per row; a row gets at
+# most one CTA per SM, so the runtime's grid of min(planned, co-resident) CTAs always covers it), and their size. Its kernel is
 # pipelined by one item (lowering.codegen: a CTA's wait overlaps its next read); four 256-thread CTAs per SM
 # overlap one CTA's reductions and waits with the others' streaming (codegen COOP_SM_THREADS bounds the float32
 # kernels to 64 registers, no spills). Measured on an H100 (tests/gpu_sweep.py, 2026-12-05, COOP_DEFAULT=1,
@@ -156,6 +156,7 @@ COOP_DEFAULT = 0
 # 577.5, 4 x 256 571.6 (559.9 with COOP_CACHE_HINTS 2), 1 x 1024 759.1, split 564.7; 100 x 1M float32 layer
 # norm: 618.1 / 529.2 / 531.7 / 770.0, split 440.5; float16 2 x 32 x 128^3: 361.7 / 330.3 / 345.5 / 440.6,
 # split 286.5. Smaller steps (COOP_L2_BYTES 16 or 8 MiB: more CTAs per row) were slower on every row.
+# (A row is now capped at one CTA per SM, below: the first row's plan is 132 CTAs x 3 rows, the 3 x 256 variant.)
 COOP_CTAS_PER_SM = 4
 COOP_THREADS = CTA_THREADS
 # Coop schedule: vectors each thread loads per loop trip.
@@ -510,7 +511,9 @@ def _hints(strategy, schedule, x_bytes, why, row_params_16bit=False) -> int:
         return 0
     if schedule == "coop":
         if COOP_CACHE_HINTS:
-            why.append("coop: x's re-read and y's stores evict-first in L2, so L2 keeps the next step's slices")
+            why.append("coop: x's re-read and y's stores evict-first in L2"
+                       + (", its first read evict-last" if COOP_CACHE_HINTS >= 2 else "")
+                       + ", so L2 keeps the slices the next step re-reads")
         return COOP_CACHE_HINTS
     if strategy == "inner" and schedule != "looped":
         return 0
@@ -829,12 +832,15 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
         row_bytes = p.reduced * dbytes["x"]
         tpr = COOP_THREADS
         ctas = COOP_CTAS_PER_SM * sms
-        max_splits = max(1, nc // (tpr * COOP_UNROLL))
+        # A row's CTAs must all be resident at once (each waits for the others): at most one per SM, which
+        # any kernel that launches at all has (the runtime launches min(grid, co-resident) CTAs, and a
+        # 16-bit kernel of 104 registers fits only 2 of the COOP_CTAS_PER_SM planned per SM).
+        max_splits = max(1, min(nc // (tpr * COOP_UNROLL), sms))
         inflight = max(1, min(K, COOP_L2_BYTES // max(row_bytes, 1)))
         splits = max(1, min(ctas // inflight, max_splits))
         inflight = max(1, min(inflight, ctas // splits))
         if force == "coop":
-            splits = max(2, splits)
+            splits = max(min(2, sms), splits)
             inflight = max(1, min(inflight, ctas // splits))
         per = COOP_UNROLL
         why.append(f"coop: {splits} CTAs per row, {inflight} row(s) of {row_bytes} B in flight "

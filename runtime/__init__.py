@@ -14,7 +14,7 @@ import threading
 import warnings
 
 from ..canonical import check_no_overlap, dense_like
-from ..errors import ArgumentError, check_flag
+from ..errors import ArgumentError, CompileError, check_flag
 from ..problem import dtype_name, make_problem, pointer_align
 from .arrays import SUPPORTED, c_order, describe, empty, kind_of
 
@@ -540,6 +540,10 @@ class Compiled:
             lambda mc: make_plan(prob, arch=arch, sms=sms, schedule=self._schedule_for(prob, arch, sms),
                                  max_cluster=mc),
             lambda plan: compiled_kernels(plan, cc), lambda plan: plan.cluster)
+        if plan.schedule == "coop" and kernels[-1].config.grid[0] < plan.splits:
+            # the CTAs of a row wait for each other: fewer co-resident than a row has would never finish
+            raise CompileError(f"the coop plan spreads a row over {plan.splits} CTAs but only "
+                               f"{kernels[-1].config.grid[0]} fit this device at once; use another schedule")
         return _Entry(plan, kernels, xi.shape, out_strides, out_dtype, stat_shape, False, prob)
 
 

@@ -401,3 +401,29 @@ def test_device_newer_than_the_toolkit_compiles_for_its_newest_target(monkeypatc
         assert gpu.device_cc(0) == want
     finally:
         gpu.device_cc.cache_clear()
+
+
+def test_coop_plan_whose_row_cannot_be_resident_is_refused_not_hung(monkeypatch):
+    """The CTAs of a coop row spin until all of them have arrived: if fewer fit the device at once than a row
+    has (the co-resident grid the loaded kernel reports), the call raises CompileError instead of launching a
+    grid that would never finish. The planner keeps a row to one CTA per SM, so a real device does not get
+    here; the loaded kernel is faked with a co-resident grid of 1."""
+    from normc.runtime import gpu
+    from normc.runtime.arrays import ArrayInfo
+
+    class Config:
+        grid = (1, 1, 1)
+
+    class Kernel:
+        config = Config()
+
+    monkeypatch.setattr(rt, "gpu_available", lambda: True)
+    monkeypatch.setattr(gpu, "device_cc", lambda d: (9, 0))
+    monkeypatch.setattr(gpu, "device_sms", lambda d: 132)
+    monkeypatch.setattr(gpu, "set_device", lambda d: None)
+    monkeypatch.setattr(gpu, "load_fitting_clusters", lambda plan_for, kernels_for, cluster_of:
+                        (plan_for(None), [Kernel(), Kernel()]))
+    f = normc.compile("t d : norm over d", schedule="coop")
+    xi = ArrayInfo(None, "torch", 1 << 20, (4, 100000), (100000, 1), "float32", 0)
+    with pytest.raises(normc.CompileError, match="coop plan spreads a row over 24 CTAs but only 1 fit"):
+        f._build(xi, None, None, None, False)
