@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, CompileError
 from . import cache
 
 SCHEDULES = (None, "persistent", "staged", "looped", "split", "coop", "cluster")
@@ -48,11 +48,13 @@ def autotune(spec, x, scale=None, shift=None, *, reps=50):
 
     Returns:
         dict with ``schedule`` (the winner; None means the planner's own choice), ``timings_us`` per candidate,
-        and ``plan`` (the winning plan's description).
+        and ``plan`` (the winning plan's description). A forced schedule that cannot be compiled or launched
+        on this device (CompileError) is left out of the candidates.
 
     Raises:
         ArgumentError: reps is not a positive int, x is not a CUDA torch tensor, or the candidates disagree
             numerically (a bug).
+        CompileError: the planner's own choice cannot be compiled or loaded.
     """
     import statistics
 
@@ -68,7 +70,12 @@ def autotune(spec, x, scale=None, shift=None, *, reps=50):
     results, outputs, plans = {}, {}, {}
     for sched in SCHEDULES:
         f = Compiled(spec, schedule=sched, use_tuning=False)
-        y = f(x, scale, shift)
+        try:
+            y = f(x, scale, shift)
+        except CompileError:
+            if sched is None:
+                raise
+            continue  # a forced schedule this device cannot run (e.g. a coop row wider than the co-resident grid)
         (entry,) = f._table.values()
         key = (entry.plan.schedule, entry.plan.splits)
         if key in {(p.schedule, p.splits) for p in plans.values()}:
