@@ -9,6 +9,7 @@ an sm_XX cubin with nvJitLink and reports registers, spills and stack, without n
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import re
@@ -258,9 +259,30 @@ def compile_source(ks: KernelSource, cc) -> LoweredKernel:
                          ks.cluster, ks.coop, ks.pdl)
 
 
+# The oldest target normc's 16-bit kernels assemble for: they round float32 pairs with cvt.rn.{f16,bf16}x2.f32
+# (PTX ISA: sm_80 and newer).
+MIN_CC_16BIT = (8, 0)
+
+
+def _check_16bit_target(plan, cc):
+    """CompileError when a 16-bit dtype of ``plan`` (any ``*_dtype`` field) meets a target older than
+    :data:`MIN_CC_16BIT`, rather than PTX that ptxas then refuses."""
+    names = [f.name for f in dataclasses.fields(plan) if f.name.endswith("_dtype")]
+    half = sorted({getattr(plan, n) for n in names} & {"float16", "bfloat16"})
+    if half and cc < MIN_CC_16BIT:
+        raise CompileError(f"{' and '.join(half)} kernels need compute capability {MIN_CC_16BIT[0]}.{MIN_CC_16BIT[1]} "
+                           f"or newer (they round float32 pairs with cvt.rn.f16x2/bf16x2.f32); the target is "
+                           f"sm_{cc[0]}{cc[1]}: use float32 tensors there")
+
+
 def lower(plan, arch=None) -> list:
-    """Compile ``plan`` to a list of :class:`LoweredKernel` (launch order) for ``arch`` (default plan.arch)."""
+    """Compile ``plan`` to a list of :class:`LoweredKernel` (launch order) for ``arch`` (default plan.arch).
+
+    Raises:
+        CompileError: Numba or NVVM failed, or a 16-bit plan targets an arch older than :data:`MIN_CC_16BIT`.
+    """
     cc = arch_cc(arch or plan.arch)
+    _check_16bit_target(plan, cc)
     return [compile_source(ks, cc) for ks in generate(plan)]
 
 
@@ -270,6 +292,7 @@ def lower_backward(bplan, arch=None) -> list:
     from .backward import generate_backward
 
     cc = arch_cc(arch or bplan.arch)
+    _check_16bit_target(bplan, cc)
     return [compile_source(ks, cc) for ks in generate_backward(bplan)]
 
 
@@ -302,7 +325,9 @@ def assemble(ptx: str, arch="sm_90"):
         cubin = linker.link("cubin")
         log = linker.get_info_log() or ""
     except Exception as e:
-        raise CompileError(f"assembling PTX for sm_{cc[0]}{cc[1]} failed: {e}") from e
+        # nvJitLink's message carries ptxas' log over several lines: one line, so that it is not cut off
+        detail = " | ".join(s.strip() for s in str(e).splitlines() if s.strip())
+        raise CompileError(f"assembling PTX for sm_{cc[0]}{cc[1]} failed: {detail}") from e
 
     def grab(pat):
         m = re.search(pat, log)

@@ -156,6 +156,9 @@ def _cmd_plan(args) -> int:
         plan = _backward_plan_from_args(args)
         _emit((plan.to_json() if args.json else plan.describe()) + "\n", args.output)
         return 0
+    if args.explain and args.schedule:
+        raise _UsageError("--explain says why the planner did not pick the other strategies and schedules; with "
+                          "--schedule the schedule is yours (drop one of them)")
     if args.explain and args.json:
         raise _UsageError("--explain adds text lines ('rejected: ...') that --json output cannot hold "
                           "(drop one of them)")
@@ -357,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "plan", help="print the plan (strategy, schedule, tiling, launch, reasons)",
         description="Plan SPEC for an x of --shape/--dtype/--layout and print the plan: strategy "
-                    "(inner/outer/mixed), schedule (persistent/looped/split), tiling, launch and the reasons.",
+                    "(inner/outer/mixed), schedule (persistent/staged/looped/split/coop), tiling, launch and the reasons.",
         epilog=_COMMON_EPILOG + """
 examples:
   normc plan "n c h w : norm over h w ; scale c ; shift c" --shape 256,128,28,28 --dtype float16

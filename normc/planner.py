@@ -450,9 +450,15 @@ def _why_from_json(d) -> tuple:
     return tuple(why)
 
 
+def _cc(arch) -> tuple:
+    """``"sm_90"`` -> ``(9, 0)``; ``(0, 0)`` for a string that is not one (the planner's arch is normalized by
+    its callers, :func:`normc.lowering.arch_cc`)."""
+    m = str(arch).replace("sm_", "").replace("compute_", "").rstrip("af")
+    return (int(m[:-1]), int(m[-1])) if m.isdigit() and len(m) >= 2 else (0, 0)
+
+
 def _clusters_ok(arch) -> bool:
-    m = str(arch).replace("sm_", "").replace("compute_", "").rstrip("a")
-    return m.isdigit() and (int(m[:-1]), int(m[-1])) >= CLUSTER_MIN_CC
+    return _cc(arch) >= CLUSTER_MIN_CC
 
 
 def _pow2_floor(n: int) -> int:
@@ -495,7 +501,7 @@ def pick_vec(axes, run_size, dtype_bytes, aligns, tensors=("x", "out"), inner_in
         v *= 2
 
 
-def _hints(strategy, schedule, x_bytes, why, row_params_16bit=False) -> int:
+def _hints(strategy, schedule, x_bytes, why, row_params_16bit=False, arch="sm_90") -> int:
     """Plan.cache_hints (CACHE_HINTS where x is read twice, else 0); explained in ``why``. The inner split
     gets none: on the H200 its rows ran 1-5% slower with them (4 x 10,000,001: 271 -> 285 us), while the
     outer/mixed schedules gained up to 11% (NHWC instance norm (256, 128, 28, 28) float16, looped: 50.9 ->
@@ -510,11 +516,12 @@ def _hints(strategy, schedule, x_bytes, why, row_params_16bit=False) -> int:
     if schedule not in ("looped", "split", "coop") or not CACHE_HINTS:
         return 0
     if schedule == "coop":
-        if COOP_CACHE_HINTS:
+        hints = COOP_CACHE_HINTS if _cc(arch) >= (8, 0) else min(COOP_CACHE_HINTS, 1)  # evict-last policies: sm_80+
+        if hints:
             why.append("coop: x's re-read and y's stores evict-first in L2"
-                       + (", its first read evict-last" if COOP_CACHE_HINTS >= 2 else "")
+                       + (", its first read evict-last" if hints >= 2 else "")
                        + ", so L2 keeps the slices the next step re-reads")
-        return COOP_CACHE_HINTS
+        return hints
     if strategy == "inner" and schedule != "looped":
         return 0
     if x_bytes > HINTS_MAX_X_BYTES:
@@ -812,15 +819,27 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
             why.append(f"clusters need sm_90 or newer ({common['arch']}): schedule not forced")
         else:
             for C in csizes:
-                tpr = min(max(_next_pow2(-(-nc // C)), 32), MAX_PERSISTENT_THREADS)
-                per = -(-nc // (C * tpr))
-                if per * vec <= 2 * MAX_VALUES_PER_THREAD:
-                    schedule, cluster = "persistent", C
+                tpr_ = min(max(_next_pow2(-(-nc // C)), 32), MAX_PERSISTENT_THREADS)
+                per_ = -(-nc // (C * tpr_))
+                if per_ * vec <= 2 * MAX_VALUES_PER_THREAD:
+                    schedule, cluster, tpr, per = "persistent", C, tpr_, per_
                     why.append(f"schedule forced to a cluster of {C} CTAs x {tpr} threads per row")
                     break
+            else:  # the planner's own tiling above stands
+                why.append(f"a row of {p.reduced} does not fit the registers of a cluster of {csizes[-1]} CTAs x "
+                           f"{MAX_PERSISTENT_THREADS} threads (<= {2 * MAX_VALUES_PER_THREAD} values per thread): "
+                           "cluster schedule not forced")
+    if force == "persistent":
+        if schedule != "persistent":
+            why.append("a row does not fit one CTA's registers: persistent schedule not forced")
+        elif cluster > 1:
+            why.append(f"a row does not fit one CTA's registers: held over a cluster of {cluster} CTAs as planned")
+        else:
+            why.append("schedule forced to persistent: each row held by one CTA, not spread over a cluster")
     if force in ("looped", "split", "coop") and force != schedule:
-        why.append(f"schedule forced to {force}: {STREAM_THREADS} threads per row, {LOOP_UNROLL} vectors per loop "
-                   f"trip, instead of the {schedule or 'streaming'} tiling above")
+        why.append(f"schedule forced to {force}: {COOP_THREADS if force == 'coop' else STREAM_THREADS} threads per "
+                   f"row, {COOP_UNROLL if force == 'coop' else LOOP_UNROLL} vectors per loop trip, instead of the "
+                   f"{schedule or 'streaming'} tiling above")
         schedule, tpr, per, cluster = force, STREAM_THREADS, LOOP_UNROLL, 1
     if schedule in ("looped", "split") and vec * dbytes["x"] < MAX_VECTOR_BYTES and NARROW_LOOP_UNROLL > per:
         per = min(NARROW_LOOP_UNROLL, per * MAX_VECTOR_BYTES // (vec * dbytes["x"]))
@@ -843,8 +862,10 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
             splits = max(min(2, sms), splits)
             inflight = max(1, min(inflight, ctas // splits))
         per = COOP_UNROLL
+        fits = (f"<= {COOP_L2_BYTES} B of L2" if inflight * row_bytes <= COOP_L2_BYTES else
+                f"more than the {COOP_L2_BYTES} B of L2 a step should take: most of the re-read misses L2")
         why.append(f"coop: {splits} CTAs per row, {inflight} row(s) of {row_bytes} B in flight "
-                   f"(<= {COOP_L2_BYTES} B of L2), up to {splits * inflight} co-resident CTAs")
+                   f"({fits}), up to {splits * inflight} co-resident CTAs")
         threads, rpc = tpr, 1
         grid = splits * inflight
     elif schedule == "split":
@@ -874,7 +895,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
         if peeled.schedule in streaming:
             return peeled
     hints = _hints("inner", schedule, p.kept * p.reduced * dbytes["x"], why,
-                   row_params_16bit=cluster == 1 and dbytes["x"] == 2 and along_row)
+                   row_params_16bit=cluster == 1 and dbytes["x"] == 2 and along_row, arch=common["arch"])
     return Plan(
         strategy="inner", schedule=schedule, vec=vec,
         scale_vec=not peel_vec and _param_vec(p, axes, vec, dbytes, "scale", blk),
@@ -1018,7 +1039,7 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
         if finish > 1:
             why.append(f"normalize kernel over {finish} CTAs per split ({base * splits * finish} CTAs): "
                        "shorter re-reads, a shorter tail")
-    hints = _hints(strategy, schedule, x_bytes, why)
+    hints = _hints(strategy, schedule, x_bytes, why, arch=common["arch"])
     return Plan(
         strategy=strategy, schedule=schedule, vec=vec,
         scale_vec=_param_vec(p, axes, vec, dbytes, "scale", block),

@@ -1,6 +1,7 @@
 """The ``normc`` command line (no GPU needed: planning and NVVM run on the host)."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -177,6 +178,7 @@ def test_plan_eps_and_sizes(capsys):
         (["ptx", "t d : norm over d", "--shape", "4,8", "--backward", "--stats"], "drop --stats or --backward"),
         (["plan", "t d : norm over d", "--shape", "4,8", "--backward", "--schedule", "split"],
          "drop --schedule or --backward"),
+        (["plan", "t d : norm over d", "--shape", "4,8", "--explain", "--schedule", "split"], "drop one of them"),
     ],
 )
 def test_errors_exit_2_with_one_line(args, needle, capsys):
@@ -214,6 +216,35 @@ def test_plan_and_ptx_schedule_forced(capsys):
     assert out.startswith("strategy: outer /") and "coop schedule exists for the inner strategy only" in out
     assert main(["plan", *args, "--schedule", "fast"]) == 2
     assert "--schedule" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("schedule, note", [
+    ("cluster", "cluster schedule not forced"), ("persistent", "persistent schedule not forced")])
+def test_forced_schedule_that_does_not_fit_keeps_the_planners_plan(schedule, note, capsys):
+    """A 10M-element row fits neither one CTA's nor a cluster's registers: forcing persistent or cluster keeps
+    the planner's split unchanged (it once left a split with 306 vectors per thread, whose partial kernel
+    spilled 7 KB) and a why line says the request was not applied."""
+    args = ["t d : norm over d ; scale d ; shift d", "--shape", "2,10000000", "--json"]
+    assert main(["plan", *args]) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert main(["plan", *args, "--schedule", schedule]) == 0
+    forced = json.loads(capsys.readouterr().out)
+    assert any(note in w for w in forced.pop("why"))
+    default.pop("why")
+    assert forced == default
+
+
+def test_16bit_kernels_before_sm_80_are_refused_not_emitted(capsys):
+    """16-bit kernels round float32 pairs with cvt.rn.f16x2.f32 (sm_80+): for sm_75 the CLI refuses them with
+    the reason, instead of writing PTX that ptxas rejects; float32 kernels (coop included: no evict-last
+    policy before sm_80) still assemble there."""
+    ln = "t d : norm over d ; scale d ; shift d"
+    for extra in ([], ["--backward"]):
+        assert main(["ptx", ln, "--shape", "4,1024", "--dtype", "float16", "--arch", "sm_75", *extra]) == 2
+        assert "compute capability 8.0 or newer" in _one_error_line(capsys.readouterr().err)
+    assert main(["ptx", ln, "--shape", "3,600", "--schedule", "coop", "--arch", "sm_75", "--resource-usage",
+                 "-o", os.devnull]) == 0
+    assert "registers/thread" in capsys.readouterr().err
 
 
 def test_spec_error_reports_column(capsys):
