@@ -338,7 +338,9 @@ def _add_common(p):
                    "(default 1e-5)")
     p.add_argument("--arch", default="sm_90", help="target compute capability (default sm_90)")
     p.add_argument("--stats", action="store_true", help="also produce float32 mean and rstd per reduction")
-    p.add_argument("--schedule", default=None, choices=("persistent", "staged", "looped", "split", "coop", "cluster"),
+    from .runtime.tune import SCHEDULES  # the one list of schedule names (None: the planner's choice)
+
+    p.add_argument("--schedule", default=None, choices=[s for s in SCHEDULES if s is not None],
                    help="force the forward's schedule, as normc.compile(schedule=...) does (where the problem does "
                         "not admit it, the plan keeps the planner's choice and its 'why:' lines say so)")
     p.add_argument("-o", "--output", default=None, metavar="FILE", help="write to FILE instead of stdout")

@@ -10,7 +10,6 @@ path.
 from __future__ import annotations
 
 import math
-
 import os
 from dataclasses import dataclass, replace
 
