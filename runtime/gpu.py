@@ -163,6 +163,17 @@ def _allow_non_portable_cluster(kernel):
         raise CompileError(f"could not allow a non-portable cluster size for the kernel ({err})")
 
 
+def _max_active_clusters(kernel, config) -> int:
+    """cudaOccupancyMaxActiveClusters of ``kernel`` launched as ``config``: how many of its clusters the device
+    can hold at once. cuda.core 1.x requires a ``stream`` keyword (the query runs in its context); 0.x takes
+    none. (Called without it, cuda.core 1.2 raised TypeError, which :meth:`Loaded.clusters_fit` took for
+    "unknown, assume it fits": the re-planning with smaller clusters never ran.)"""
+    try:
+        return kernel.occupancy.max_active_clusters(config, stream=Device().default_stream)
+    except TypeError:  # cuda.core 0.x: no stream argument
+        return kernel.occupancy.max_active_clusters(config)
+
+
 # Launch the kernels a plan marks ``pdl`` (the second and third of split schedules) as programmatic dependents
 # of the kernel before them (normc.lowering.codegen.PDL). NORMC_PDL=0 launches them as ordinary kernels; the
 # kernels are the same either way (their griddepcontrol instructions are then no-ops).
@@ -231,7 +242,7 @@ class Loaded:
         if self.config.cluster is None or max(self.config.cluster) <= 1:
             return True
         try:
-            return self.kernel.occupancy.max_active_clusters(self.config) > 0
+            return _max_active_clusters(self.kernel, self.config) > 0
         except Exception:
             return True
 

@@ -95,8 +95,14 @@ CASES = [
 TOL = {"float32": 1e-5, "float16": 1e-2, "bfloat16": 1e-2}
 
 
+def selected_cases(only=None):
+    """CASES whose name contains one of the comma-separated ``only`` (default $NORMC_SAN_ONLY; empty: all)."""
+    only = [s for s in (os.environ.get("NORMC_SAN_ONLY", "") if only is None else only).split(",") if s]
+    return [c for c in CASES if not only or any(s in c[0] for s in only)]
+
+
 def run_cases() -> int:
-    """Run every case once on the GPU (the part compute-sanitizer watches); 0 if all are right."""
+    """Run every selected case once on the GPU (the part compute-sanitizer watches); 0 if all are right."""
     import math
 
     import torch
@@ -109,7 +115,7 @@ def run_cases() -> int:
     bad = 0
     from normc import planner
 
-    for name, text, sizes, shape, perm, dtype, schedule, *consts in CASES:
+    for name, text, sizes, shape, perm, dtype, schedule, *consts in selected_cases():
         consts = consts[0] if consts else {}
         saved = {k: getattr(planner, k) for k in consts}
         for k, v in consts.items():
@@ -138,6 +144,7 @@ def run_cases() -> int:
             y, mean, rstd = f(x, sc, sh, return_stats=True)
             torch.cuda.synchronize()
             plan = next(iter(f._table.values())).plan
+            kernels = next(iter(f._table.values())).kernels
             yr = reference(spec, x, sc, sh)[0]
             err = ((y.double() - yr).abs().max() / yr.abs().max().clamp_min(1)).item()
             want = name.split("-")[:2]  # the plan the case is named after, where the name says
@@ -153,7 +160,8 @@ def run_cases() -> int:
             if want == ["fused", "prefetch"]:  # the backward plan that ran prefetches (it would not where it spills)
                 ok = ok and bplan.fused is not None and bplan.fused.prefetch
             print(f"CASE {name:26s} {plan.strategy}/{plan.schedule} vec={plan.vec} splits={plan.splits} "
-                  f"cluster={plan.cluster} finish_splits={plan.finish_splits} kernels={len(f._table[next(iter(f._table))].kernels)} err={err:.1e} "
+                  f"cluster={plan.cluster} finish_splits={plan.finish_splits} kernels={len(kernels)} "
+                  f"launched={kernels[-1].config.grid[0]}x{kernels[-1].config.block[0]} err={err:.1e} "
                   f"backward_err={berr:.1e} {'ok' if ok else 'FAIL'}",
                   flush=True)
             bad += not ok
@@ -211,6 +219,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT") or "sanitize-out")
     ap.add_argument("--sanitizer", default=None, help="path of compute-sanitizer (default: searched)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per tool")
+    ap.add_argument("--only", default="", help="comma-separated parts of case names: run only those cases")
     a = ap.parse_args(argv)
     if a.run_cases:
         return run_cases()
@@ -227,8 +236,9 @@ def main(argv=None) -> int:
             f.write(msg + "\n")
         return 2
     ver = subprocess.run([san, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
-    lines = [f"compute-sanitizer: {san} ({ver[-1] if ver else '?'})", f"cases: {len(CASES)}"]
-    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONUNBUFFERED="1")
+    cases_run = selected_cases(a.only)
+    lines = [f"compute-sanitizer: {san} ({ver[-1] if ver else '?'})", f"cases: {len(cases_run)}"]
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1", PYTHONUNBUFFERED="1", NORMC_SAN_ONLY=a.only)
     failed = False
     for tool in [t.strip() for t in a.tools.split(",") if t.strip()]:
         # --report-api-errors no: cuda-bindings probes driver entry points with cuGetProcAddress, and the
@@ -261,10 +271,10 @@ def main(argv=None) -> int:
         nerr = sum(int(v) for v in m) if m else None
         cases = [ln for ln in out.splitlines() if ln.startswith("CASE ")]
         bad_cases = [ln for ln in cases if not ln.rstrip().endswith(" ok")]
-        ok = rc == 0 and nerr == 0 and len(cases) == len(CASES) and not bad_cases
+        ok = rc == 0 and nerr == 0 and len(cases) == len(cases_run) and not bad_cases
         failed |= not ok
         lines.append(f"{tool:10s} {'CLEAN' if ok else 'FAIL'}  errors={nerr if nerr is not None else '?'} rc={rc} "
-                     f"cases={len(cases) - len(bad_cases)}/{len(CASES)} ok  {time.time() - t0:.0f}s  log={log}")
+                     f"cases={len(cases) - len(bad_cases)}/{len(cases_run)} ok  {time.time() - t0:.0f}s  log={log}")
         for ln in bad_cases:
             lines.append("    " + ln)
         if nerr:

@@ -1120,6 +1120,40 @@ def test_load_fitting_clusters_halves_until_they_fit(monkeypatch):
     assert plan == 1 and asked == [None]
 
 
+@pytest.mark.parametrize("keyword", [True, False], ids=["cuda-core-1", "cuda-core-0"])
+@pytest.mark.parametrize("active", [0, 30])
+def test_clusters_fit_asks_the_occupancy_api(keyword, active, monkeypatch):
+    """clusters_fit() is the occupancy API's answer (cudaOccupancyMaxActiveClusters > 0), whether cuda.core
+    wants the stream keyword (1.x: without it the query raised TypeError, which read as "fits") or not (0.x)."""
+    from normc.runtime import gpu
+
+    calls = []
+
+    class Occupancy:
+        def max_active_clusters(self, config, **kw):
+            calls.append(kw)
+            if keyword and "stream" not in kw:
+                raise TypeError("max_active_clusters() needs keyword-only argument stream")
+            if not keyword and kw:
+                raise TypeError("unexpected keyword argument 'stream'")
+            return active
+
+    class Dev:
+        default_stream = "the default stream"
+
+    class Kernel:
+        occupancy = Occupancy()
+
+    class Config:
+        cluster = (4, 1, 1)
+
+    monkeypatch.setattr(gpu, "Device", Dev)
+    loaded = gpu.Loaded.__new__(gpu.Loaded)
+    loaded.kernel, loaded.config, loaded.cluster_allowed = Kernel(), Config(), True
+    assert loaded.clusters_fit() is (active > 0)
+    assert calls[0] == {"stream": "the default stream"}
+
+
 def test_plan_backward_argument_errors():
     with pytest.raises(normc.ArgumentError, match="arch is 'foo'"):
         plan_backward(LN, (2, 8), arch="foo")
