@@ -1,12 +1,13 @@
 """compute-sanitizer over one small case of every strategy x schedule (issue 5, part 2).
 
-    python tests/gpu_sanitize.py [--tools memcheck,racecheck] [--out DIR] [--sanitizer PATH]
+    python tests/gpu_sanitize.py [--tools memcheck,racecheck] [--out DIR] [--sanitizer PATH] [--only NAME,...]
 
 Runs this file's cases (``--run-cases``: inner/outer/mixed x persistent/looped/split, thread-block clusters,
 odd extents, views offset by one element, float32 and half precision, with mean/rstd, then the backward
-kernels of each case) once under each tool, watching only normc's kernels, writes each
-tool's log and a summary (DIR/sanitize-summary.txt; DIR defaults to $OUT or ./sanitize-out), and exits
-non-zero if the sanitizer is missing, reports any error, or a case fails or gives a wrong result.
+kernels of each case; ``--only``: the cases whose names contain one of the given parts) once under each
+tool, watching only normc's kernels, writes each tool's log and a summary (DIR/sanitize-summary.txt; DIR
+defaults to $OUT or ./sanitize-out), and exits non-zero if the sanitizer is missing, reports any error, or a
+case fails or gives a wrong result.
 
 torch's caching allocator is switched off (PYTORCH_NO_CUDA_MEMORY_CACHING=1) so that every tensor is its
 own allocation, exactly sized: an access one element past x, y, scale, shift, mean, rstd or the split
