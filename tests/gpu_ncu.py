@@ -75,6 +75,7 @@ def main(argv=None):
            sys.executable, os.path.abspath(__file__), "--child", "--rows", a.rows] + (["--case", a.case] if a.case else [])
     res = subprocess.run(cmd, capture_output=True, text=True)
     tag = a.case.replace("=", "").replace(",", "_") or "default"
+    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, f"ncu-{tag}.csv"), "w") as fh:
         fh.write(res.stdout)
     if res.returncode:
