@@ -40,6 +40,13 @@ PARAMS = "xp, op, sp, hp, mp, rp, wp"
 # 256-thread ones 3, and grids planned for 4 x 512 threads per SM ran 2.2-4.4 waves, the last one mostly idle.
 # Grids of split schedules are sized in these slots (see _fill_splits).
 STREAM_THREADS_PER_SM = 1024
+# Spill stores (bytes) the streaming kernels' launch bound may cost and still be kept (else it is dropped and
+# the kernel keeps fewer CTAs per SM than its grid was sized for). NHWC group norm (8, 320, 64, 64) float16
+# (mixed split): under the bound its partial kernel spills 12 bytes and its normalize kernel 20; unbounded
+# they took 72 registers (3 CTAs of 256 per SM for a grid sized for 4). Measured on an H100 (2026-12-05, one
+# process, CUDA-graph replay, two rounds): 0 bytes 39.6-40.0 us, 32 bytes 35.9-36.0 us, outputs
+# identical. No other anchor row's streaming kernel spills under its bound.
+STREAM_MAX_SPILL = 32
 # Launch bound of the coop schedule's cooperative kernel: threads resident per SM (0: none). 1024 (four
 # 256-thread CTAs, planner COOP_CTAS_PER_SM) fits the float32 kernels in 64 registers without spills; the
 # 16-bit ones spill under it and keep their 104 (two CTAs per SM: the runtime's co-resident grid).
@@ -2039,4 +2046,5 @@ def _streaming(kernels):
     resident per SM. The outer/mixed split's middle kernel (one CTA per column tile, a small grid) is left
     uncapped: the mixed one holds a tile's group table and needs up to 128 registers."""
     return [ks if ks.name == "normc_outer_stats" else
-            replace(ks, min_ctas=max(1, STREAM_THREADS_PER_SM // ks.block)) for ks in kernels]
+            replace(ks, min_ctas=max(1, STREAM_THREADS_PER_SM // ks.block), max_spill=STREAM_MAX_SPILL)
+            for ks in kernels]

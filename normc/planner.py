@@ -124,7 +124,8 @@ SPLIT_CTAS_PER_SM = 4
 # size, 4 -> 2 (8): NDHWC (2, 64, 64^3) float16 67.4 -> 63.2 (77.8), NHWC batch statistics (256, 256, 28,
 # 28) float16 97.8 -> 93.6 (106.8), NDHWC float32 (2, 64, 64^3) 113.1 -> 111.5 (115.7), (2, 32, 128^3)
 # float16 219.4 -> 215.9 (233.2), float32 (4, 64, 64^3) 207.5 -> 208.9, (2, 64, 128^3) 801.8 -> 803.2,
-# (4, 256, 32^3) 110.3 -> 110.2.
+# (4, 256, 32^3) 110.3 -> 110.2. The splits are rounded down so the grid never spills into a second wave:
+# rounded up, NHWC group norm (8, 320, 64, 64) float16 got 17 splits x 32 tiles = 544 CTAs for 528 slots.
 OUTER_SPLIT_CTAS_PER_SM = 2
 # Outer split, third kernel (normalize): CTAs per split (Plan.finish_splits), each re-reading 1/k of the
 # split's rows, while the partial kernel keeps its one-wave grid (and the merge its `splits` partials). Its
@@ -1023,7 +1024,7 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
         schedule, splits, per = "looped", 1, LOOP_UNROLL
         why.append(f"{base} column tiles >= {sms} SMs: one CTA per column tile, statistics loop, re-read (from L2)")
     else:
-        want = -(-OUTER_SPLIT_CTAS_PER_SM * sms * STREAM_THREADS // (threads * base))
+        want = OUTER_SPLIT_CTAS_PER_SM * sms * STREAM_THREADS // (threads * base)  # whole waves: never a tail
         max_splits = max(1, rows // (ry * LOOP_UNROLL))
         if strategy == "mixed":
             max_splits = min(max_splits, max(4, MIXED_MAX_SPLIT_PARTIALS // tile))

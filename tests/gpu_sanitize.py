@@ -60,6 +60,9 @@ CASES = [
      (0, 2, 3, 1), "float16", "looped"),
     ("mixed-split", "n (g k) h w : norm over k h w ; scale g k ; shift g k", {"g": 2}, (1, 6, 23, 29),
      (0, 2, 3, 1), "float32", "split"),
+    # NHWC group norm's split kernels keep the 4-CTA launch bound at a few spilled bytes (STREAM_MAX_SPILL)
+    ("mixed-split-spill", "n (g k) h w : norm over k h w ; scale g k ; shift g k", {"g": 32}, (2, 320, 12, 12),
+     (0, 2, 3, 1), "float16", "split"),
     ("inner-offset-view", "t d : norm over d ; scale d ; shift d", {}, (9, 257), "offset", "float16", None),
     # thread-block clusters (distributed shared memory): the reduction spread over 2-16 CTAs
     ("inner-cluster", "t d : norm over d ; scale d ; shift d", {}, (2, 70001), None, "float32", "cluster"),

@@ -1,4 +1,5 @@
-"""Every anchor workload plans, lowers to self-contained sm_90 PTX and assembles without spills (no GPU).
+"""Every anchor workload plans, lowers to self-contained sm_90 PTX and assembles without spills, beyond the
+few bytes a kernel's launch bound may cost (``codegen.STREAM_MAX_SPILL``, ``PERSISTENT_MAX_SPILL``) (no GPU).
 
 nvJitLink (a pip dependency of numba-cuda[cu13]) assembles PTX on the host and reports ptxas' register and
 spill counts, so register-pressure regressions show up in CI without a GPU.
@@ -15,7 +16,7 @@ import pytest
 import normc
 from normc.api import layout_strides, plan_for
 from normc.canonical import dense_like
-from normc.lowering import assemble, generate, lower
+from normc.lowering import assemble, codegen, generate, lower
 from normc.planner import Plan, make_plan
 from normc.problem import make_problem
 
@@ -53,7 +54,9 @@ def check_kernels(plan, arch="sm_90"):
         assert k.grid >= 1 and 1 <= k.block <= 1024
         cubin, use = assemble(k.ptx, arch)
         assert cubin
-        assert use.spill_stores == 0 and use.spill_loads == 0, (k.entry, use.log)
+        # spills only under a launch bound (.minnctapersm), and at most what the generator lets a bound cost
+        allowed = max(codegen.STREAM_MAX_SPILL, codegen.PERSISTENT_MAX_SPILL) if ".minnctapersm" in k.ptx else 0
+        assert use.spill_stores <= allowed and use.spill_loads <= allowed, (k.entry, use.log)
         assert use.registers > 0, use.log
         assert use.registers * k.block <= REGS_PER_SM, (k.entry, use.registers, k.block)
         assert k.shared_bytes <= 48 * 1024
@@ -141,6 +144,21 @@ def test_outer_split_finish_grid():
     ks = generate(plan)
     assert [k.grid for k in ks] == [528, 64, 528 * 8]
     assert "normalize kernel: 4224" in plan.describe()
+
+
+def test_mixed_split_fills_one_wave():
+    """NHWC group norm (8, 320, 64, 64) float16 (mixed split): the partial and normalize grids fit one wave of
+    4 x 256-thread CTAs per SM on 132 SMs (at most 528 CTAs; 17 splits x 32 tiles = 544 left a 16-CTA second
+    wave), and both kernels keep the launch bound that lets 4 fit (at most 64 registers, spilling at most
+    STREAM_MAX_SPILL bytes) instead of 72-78 registers and 3 per SM."""
+    r = ROWS[54]
+    plan = plan_for(_row_spec(r), r["shape"], r["dtype"], layout=r["memory_perm"])
+    assert (plan.strategy, plan.schedule) == ("mixed", "split")
+    assert plan.grid <= 4 * 132
+    partial, _, finish = check_kernels(plan)
+    for k in (partial, finish):
+        use = assemble(k.ptx, "sm_90")[1]
+        assert ".minnctapersm 4" in k.ptx and use.registers <= 64, (k.entry, use.registers)
 
 
 FORCED = [
