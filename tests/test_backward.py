@@ -1231,3 +1231,38 @@ def test_backward_plan_from_json_errors_name_the_field():
                       (broken(why=7), "text: why is 7")]:
         with pytest.raises(normc.ArgumentError, match=re.escape(msg)):
             BackwardPlan.from_json(text)
+
+
+@pytest.mark.parametrize("schedule", ["looped", "split"])
+@pytest.mark.parametrize("text, shape, red", [
+    ("t d : norm over d ; scale t d ; shift d", (3, 5), (1,)),
+    ("n c h w : norm over h w ; scale c h w ; shift h w", (2, 3, 4, 5), (2, 3)),
+])
+def test_dx_right_when_shift_runs_along_reduced_axes_only(text, shape, red, schedule):
+    """A scale along a kept and a reduced axis with a shift along reduced axes only: the general dx kernel
+    that also reduces dshift got dx wrong after the first row (a new-user run, 2026-12-05: errors of 1-4 on
+    unit-normal data); dx, dscale and dshift against float64."""
+    import numpy as np
+
+    import normc
+
+    rng = np.random.default_rng(1)
+    spec = normc.spec(text)
+    x = rng.standard_normal(shape).astype(np.float32)
+    dy = rng.standard_normal(shape).astype(np.float32)
+    ax = dict(zip(spec.axes, range(len(shape))))
+    pshape = lambda names: tuple(shape[ax[a]] if a in names else 1 for a in spec.axes)  # noqa: E731
+    sc = rng.standard_normal(pshape(spec.scale)).astype(np.float32)
+    sh = rng.standard_normal(pshape(spec.shift)).astype(np.float32)
+    f = normc.compile(spec, schedule=schedule)
+    _, mean, rstd = f(x, sc.ravel(), sh.ravel(), return_stats=True)
+    dx, dsc, dsh = f.backward(dy, x, mean, rstd, sc.ravel())
+    x64, g = x.astype(np.float64), dy.astype(np.float64) * sc
+    r = 1 / np.sqrt(x64.var(red, keepdims=True) + spec.eps)
+    xh = (x64 - x64.mean(red, keepdims=True)) * r
+    want = (g - g.mean(red, keepdims=True) - xh * (g * xh).mean(red, keepdims=True)) * r
+    keep = tuple(i for i, a in enumerate(spec.axes) if a not in spec.scale)
+    np.testing.assert_allclose(dx, want, atol=2e-5)
+    np.testing.assert_allclose(dsc.reshape(sc.shape), (dy * xh).sum(keep, keepdims=True), atol=2e-5)
+    keep = tuple(i for i, a in enumerate(spec.axes) if a not in spec.shift)
+    np.testing.assert_allclose(dsh.reshape(sh.shape), dy.astype(np.float64).sum(keep, keepdims=True), atol=2e-5)
