@@ -9,6 +9,7 @@ keyed like the forward's (shape, strides, dtypes, device, pointer alignment).
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 
@@ -249,6 +250,7 @@ def _relayout(gi, strides):
                         f"{gi.kind} array (normc copies torch, CuPy and numpy arrays itself)")
 
 
+@functools.lru_cache(maxsize=256)  # asked on every backward call: specs are hashable, answered once each
 def _dshift_spoils_dx(spec) -> bool:
     """Whether ``spec`` is of the family whose dx the backward kernels get wrong when they also reduce dshift:
     the scale varies along a kept and a reduced axis, the shift along reduced axes only (e.g. ``t d : norm

@@ -1242,10 +1242,6 @@ def test_dx_right_when_shift_runs_along_reduced_axes_only(text, shape, red, sche
     """A scale along a kept and a reduced axis with a shift along reduced axes only: the general dx kernel
     that also reduces dshift got dx wrong after the first row (a new-user run, 2026-12-05: errors of 1-4 on
     unit-normal data); dx, dscale and dshift against float64."""
-    import numpy as np
-
-    import normc
-
     rng = np.random.default_rng(1)
     spec = normc.spec(text)
     x = rng.standard_normal(shape).astype(np.float32)
