@@ -729,11 +729,11 @@ def _reduce_plan(role, outputs, axes, key, sums, dbytes, aligns, scale_info, sms
         return ReducePlan(role, outputs, "inner", axes, key, keys, reduced, nq, vec, scale_vec, stat_vec,
                           threads, tpr, rpc, 0, 0, 0, splits, grid, 0, sums)
     cb = inner.size
-    nxc = min(cb // vec, 32)
+    nxc = max(1, min(cb // vec, 32))  # no columns (an empty kept axis): one, of no tiles (nothing is launched)
     threads = CTA_THREADS
     ry = threads // nxc
     tile = nxc * vec
-    base = (keys // cb) * -(-cb // tile)
+    base = (keys // max(cb, 1)) * -(-cb // tile)
     splits = 1
     if 0 < base < sms:  # (no column tiles: nothing is launched)
         splits = max(1, min(-(-OUTER_SPLIT_CTAS_PER_SM * sms // base), reduced // (ry * LOOP_UNROLL)))

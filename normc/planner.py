@@ -950,9 +950,11 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
         tiles = [min(ncv, OUTER_TILE_VECTORS) * vec]
 
     def shape(tile_, threads_):
-        nxc_ = tile_ // vec
+        # A block of no columns (an empty kept axis: x has zero size, nothing is launched) is planned as one
+        # column of no tiles, as an inner plan of no rows: a plan that says "launch: none".
+        nxc_ = max(tile_ // vec, 1)
         threads_ = max(threads_, -(-nxc_ // 32) * 32)
-        return nxc_, threads_, threads_ // nxc_, kept_outer * -(-cb // tile_)
+        return nxc_, threads_, threads_ // nxc_, kept_outer * -(-cb // max(tile_, 1))
 
     # Persistent candidates in order of preference: one CTA of 256 then 512 threads, then a cluster of
     # CLUSTER_SIZES CTAs of 512 threads (the last size may hold up to twice the values per thread).
@@ -1024,10 +1026,10 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
         schedule, splits, per = "looped", 1, LOOP_UNROLL
         why.append(f"{base} column tiles >= {sms} SMs: one CTA per column tile, statistics loop, re-read (from L2)")
     else:
-        want = OUTER_SPLIT_CTAS_PER_SM * sms * STREAM_THREADS // (threads * base)  # whole waves: never a tail
+        want = OUTER_SPLIT_CTAS_PER_SM * sms * STREAM_THREADS // max(threads * base, 1)  # whole waves: no tail
         max_splits = max(1, rows // (ry * LOOP_UNROLL))
         if strategy == "mixed":
-            max_splits = min(max_splits, max(4, MIXED_MAX_SPLIT_PARTIALS // tile))
+            max_splits = min(max_splits, max(4, MIXED_MAX_SPLIT_PARTIALS // max(tile, 1)))
         splits = max(1, min(want, max_splits))
         schedule, per = ("split" if splits > 1 else "looped"), LOOP_UNROLL
         why.append(

@@ -7,6 +7,8 @@ NormcError. No kernel runs here: launches are intercepted, so these tests are fa
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -390,3 +392,60 @@ def test_big_endian_float16_on_the_simulator():
     dy = rng.standard_normal((2, 8)).astype(np.float32)
     for p, q in zip(f.backward(dy.astype("<f2"), le[0], m, r, le[1]), f.backward(dy.astype(">f2"), be[0], m, r, be[1])):
         assert np.array_equal(p, q)
+
+
+# New-user run (2026-12): zero-size kept axes, bench tables, eps, arch.
+
+@pytest.mark.parametrize("spec,shape,layout", [
+    ("n c : norm over n", (4, 0), None),                                   # the contiguous kept axis is empty
+    ("n c : norm over n ; scale c ; shift c", (0, 4), None),               # no rows (worked before)
+    ("n c h w : norm over n h w ; scale c ; shift c", (2, 0, 3, 3), None),
+    ("n c h w : norm over h w ; scale c ; shift c", (2, 0, 3, 3), "n h w c"),
+    ("n c h w : norm over h w ; scale c ; shift c", (2, 3, 0, 3), "n h w c"),  # empty reductions, outer
+    ("n (g k) h w : norm over k h w", (2, 0, 4, 4), "n h w (g k)"),
+])
+@pytest.mark.parametrize("schedule", [None, "looped", "split"])
+def test_zero_size_outer_plan_launches_nothing(spec, shape, layout, schedule):
+    """A zero-size x whose innermost axis is kept is planned (no ZeroDivisionError): nothing to launch."""
+    sp = normc.spec(spec, g=2) if "(g k)" in spec else spec
+    plan = normc.plan(sp, shape, layout=layout, schedule=schedule)
+    assert plan.kept * plan.reduced == 0
+    assert "launch:   none (zero-size input: nothing to compute)" in str(plan)
+
+
+def test_cli_plan_of_an_empty_kept_axis(capsys):
+    from normc.cli import main
+
+    assert main(["plan", "n c : norm over n", "--shape", "4,0"]) == 0
+    out = capsys.readouterr().out
+    assert "0 reductions x 4 elements" in out and "launch:   none" in out
+
+
+@pytest.mark.parametrize("spec,shape,perm", [
+    (normc.batch_norm_stats(0), (4, 0), (0, 1)),                       # no channels
+    (normc.batch_norm_stats(0), (4, 0), (1, 0)),
+    (normc.batch_norm_stats(0, affine=False), (4, 0), (0, 1)),
+    (normc.batch_norm_stats(0), (0, 3), (0, 1)),                       # no batch: empty reductions
+    (normc.instance_norm(2), (2, 0, 3, 3), (0, 2, 3, 1)),               # NHWC, no channels
+    (normc.instance_norm(2), (2, 3, 0, 3), (0, 2, 3, 1)),               # NHWC, empty reductions
+])
+def test_zero_size_forward_and_backward(spec, shape, perm):
+    """Forward and backward of zero-size x: empty y and dx, NaN statistics for empty reductions (the float64
+    mean of nothing), zero parameter gradients (sums of nothing); nothing launched."""
+    sizes = dict(zip(spec.axes, shape))
+    f = normc.compile(spec)
+    x = np.zeros([shape[d] for d in perm], np.float32).transpose(np.argsort(perm))
+    params = [np.ones([sizes[a] for a in ax], np.float32) for ax in (spec.scale, spec.shift) if ax]
+    y, mean, rstd = f(x, *params, return_stats=True)
+    with warnings.catch_warnings():  # numpy warns of the mean of nothing (NaN)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ref_mean = x.astype(np.float64).mean(axis=tuple(spec.axes.index(a) for a in spec.reduced))
+    assert y.shape == x.shape and mean.shape == rstd.shape == ref_mean.shape
+    assert np.array_equal(np.isnan(mean), np.isnan(ref_mean)) and np.array_equal(np.isnan(rstd), np.isnan(ref_mean))
+    dx, dscale, dshift = f.backward(np.zeros_like(x), x, mean, rstd, params[0] if spec.scale else None)
+    assert dx.shape == x.shape
+    for g, ax in ((dscale, spec.scale), (dshift, spec.shift)):
+        if ax:
+            assert g.shape == tuple(sizes[a] for a in ax) and np.array_equal(g, np.zeros(g.shape))
+        else:
+            assert g is None
