@@ -71,14 +71,71 @@ STEMS = {"forward": "bench", "backward": "backward"}
 # the table
 
 
+def _read_json(path, what):
+    """The JSON value in file ``path``; :class:`normc.ArgumentError` starting with ``what`` (the file, or the
+    option naming it) when it cannot be read or is not JSON."""
+    from .errors import ArgumentError
+
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except OSError as e:
+        raise ArgumentError(f"{what}: cannot read it ({e.strerror or e})") from None
+    except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+        raise ArgumentError(f"{what}: not JSON ({e})") from None
+
+
+def _check_table_row(row):
+    """The problem with a table row (a field missing or of the wrong kind, a spec that does not parse or does
+    not fit the shape), or None."""
+    from .errors import NormcError
+
+    if not isinstance(row, dict):
+        return f"is a JSON {type(row).__name__}, not an object"
+    for key in ("family", "spec", "memory_order"):
+        if not isinstance(row.get(key), str):
+            return f"{key} is {row.get(key)!r}; expected a string"
+    shape = row.get("shape")
+    if not (isinstance(shape, list) and shape
+            and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape)):
+        return f"shape is {shape!r}; expected a list of non-negative integers"
+    if row.get("dtype") not in ITEMSIZE:
+        return f"dtype is {row.get('dtype')!r}; expected one of {', '.join(ITEMSIZE)}"
+    perm = row.get("memory_perm")
+    if not (isinstance(perm, list) and all(type(d) is int for d in perm) and sorted(perm) == list(range(len(shape)))):
+        return f"memory_perm is {perm!r}; expected a permutation of 0..{len(shape) - 1}"
+    if not isinstance(row.get("sizes", {}), dict):
+        return f"sizes is {row['sizes']!r}; expected an object of split-axis sizes, e.g. {{\"g\": 32}}"
+    try:
+        row_spec(row).axis_sizes(tuple(shape))
+    except NormcError as e:
+        return str(e).splitlines()[0]
+    return None
+
+
 def load_table(path=None) -> list:
     """Rows of a workload table (default: the bundled anchors). Each row has family, shape, dtype,
-    memory_order, memory_perm, spec, sizes (see anchors.json's "about")."""
+    memory_order, memory_perm, spec, sizes (see anchors.json's "about"; sizes and eps are optional).
+
+    Raises:
+        normc.ArgumentError: the file cannot be read, is not JSON, or is not an object whose ``rows`` are such
+            rows (the message names the file, and the row and field at fault).
+    """
+    from .errors import ArgumentError
+
     if path is None:
         with resources.files("normc").joinpath("data/anchors.json").open() as f:
             return json.load(f)["rows"]
-    with open(path) as f:
-        return json.load(f)["rows"]
+    table = _read_json(path, f"--table {path}")
+    rows = table.get("rows") if isinstance(table, dict) else None
+    if not isinstance(rows, list):
+        raise ArgumentError(f"--table {path}: expected a JSON object whose \"rows\" is a list of workloads, as in "
+                            "normc/data/anchors.json")
+    for i, row in enumerate(rows):
+        bad = _check_table_row(row)
+        if bad:
+            raise ArgumentError(f"--table {path}: row {i}: {bad}")
+    return rows
 
 
 def parse_rows(text: str, n: int | None = None) -> list:
@@ -966,6 +1023,48 @@ def chart(result, path) -> bool:
     return True
 
 
+def load_result(path, kind="forward") -> dict:
+    """The ``kind`` run (``"forward"`` or ``"backward"``) that :func:`drive` recorded in ``path``.
+
+    Raises:
+        normc.ArgumentError: the file cannot be read, is not JSON, or does not hold a ``kind`` run (an object of
+            meta, rows and summary, meta's kind ``kind``).
+    """
+    from .errors import ArgumentError
+
+    result = _read_json(path, path)
+    meta = result.get("meta") if isinstance(result, dict) else None
+    held = meta.get("kind", "forward") if isinstance(meta, dict) else None
+    if held != kind:
+        raise ArgumentError(f"{path} holds a {held or 'non-bench'} run, not a {kind} one")
+    rows = result.get("rows")
+    if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows) and isinstance(result.get("summary"), dict)):
+        raise ArgumentError(f"{path}: expected rows (a list of objects) and a summary, as normc bench writes them")
+    return result
+
+
+def render(out_dir, kind="forward") -> tuple:
+    """``normc bench --render``: rewrite ``<stem>.md`` and ``<stem>.png`` in ``out_dir`` from its ``<stem>.json``.
+
+    Returns:
+        (the Markdown, whether the chart was written: it needs matplotlib).
+
+    Raises:
+        normc.ArgumentError: the JSON cannot be read or is not a ``kind`` run as :func:`drive` writes it (a field
+            missing or of the wrong kind; the Markdown is made before anything is written).
+    """
+    from .errors import ArgumentError
+
+    path = os.path.join(out_dir, STEMS[kind] + ".json")
+    result = load_result(path, kind)
+    try:
+        text = markdown(result)
+        return text, write_reports(result, out_dir, kind)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
+        what = f"no field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+        raise ArgumentError(f"{path}: not a {kind} run as normc bench writes it ({what})") from None
+
+
 def write_reports(result, out_dir, kind=None) -> bool:
     """Write ``<stem>.md`` and ``<stem>.png`` (stem ``bench`` or ``backward``) to ``out_dir``; returns whether
     the chart was written (it needs matplotlib)."""
@@ -1010,9 +1109,8 @@ def drive(kind, tab, idx, bench_one, measure_bw, meta, *, out_dir=None, resume=F
     path = os.path.join(out_dir, stem + ".json") if out_dir else None
     done, sessions, prev = {}, [], None
     if resume and path and os.path.exists(path):
-        with open(path) as f:
-            prev = json.load(f)
-        done = {r["row"]: r for r in prev.get("rows", [])}
+        prev = load_result(path, kind)
+        done = {r["row"]: r for r in prev["rows"]}
         sessions = prev.get("meta", {}).get("sessions", [])
     todo = [i for i in idx if i not in done]
     if limit is not None:

@@ -258,25 +258,13 @@ def _cmd_bench(args) -> int:
     kind = "backward" if args.backward else "forward"
     stem = bench.STEMS[kind]
     if args.render:
-        import json as _json
-
         if not args.out:
             raise _UsageError(f"--render needs --out (the directory holding {stem}.json)")
-        path = os.path.join(args.out, stem + ".json")
-        try:
-            with open(path) as f:
-                result = _json.load(f)
-        except OSError as e:
-            raise _UsageError(f"cannot read {path}: {e.strerror or e}") from None
-        except ValueError as e:
-            raise _UsageError(f"cannot read {path}: not JSON ({e})") from None
-        held = result.get("meta", {}).get("kind", "forward") if isinstance(result, dict) else None
-        if held != kind:
-            raise _UsageError(f"{path} holds a {held or 'non-bench'} run, not a {kind} one")
-        if not bench.write_reports(result, args.out, kind):
+        text, charted = bench.render(args.out, kind)
+        if not charted:
             print(f"normc bench: matplotlib is not installed: {stem}.png not written (pip install 'normc[bench]')",
                   file=sys.stderr)
-        sys.stdout.write(bench.markdown(result))
+        sys.stdout.write(text)
         return 0
     if args.resume and not args.out:
         raise _UsageError(f"--resume needs --out (the directory holding the run's {stem}.json)")

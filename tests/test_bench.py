@@ -72,6 +72,63 @@ def test_cli_bench_without_gpu_is_a_clear_error(capsys):
     assert err.startswith("normc: error:") and ("GPU" in err or "torch" in err)
 
 
+_ROW = {"family": "layer", "shape": [4, 8], "dtype": "float32", "memory_order": "t d", "memory_perm": [0, 1],
+        "spec": "t d : norm over d"}
+
+
+@pytest.mark.parametrize("text,msg", [
+    (None, "cannot read it (No such file or directory)"),
+    ("[1, 2", "not JSON (Expecting"),
+    ('{"a": 1}', 'expected a JSON object whose "rows" is a list of workloads'),
+    (json.dumps({"rows": [1]}), "row 0: is a JSON int, not an object"),
+    (json.dumps({"rows": [_ROW, {**_ROW, "shape": [4, -8]}]}), "row 1: shape is [4, -8]; expected a list of non-negative"),
+    (json.dumps({"rows": [{**_ROW, "dtype": "float64"}]}), "row 0: dtype is 'float64'; expected one of float32"),
+    (json.dumps({"rows": [{**_ROW, "memory_perm": [0, 0]}]}), "row 0: memory_perm is [0, 0]; expected a permutation"),
+    (json.dumps({"rows": [{k: v for k, v in _ROW.items() if k != "spec"}]}), "row 0: spec is None; expected a string"),
+    (json.dumps({"rows": [{**_ROW, "spec": "t d : norm ovr d"}]}), "row 0: missing 'over' after 'norm'"),
+    (json.dumps({"rows": [{**_ROW, "shape": [4, 8, 2], "memory_perm": [0, 1, 2]}]}), "row 0: x has rank 3"),
+])
+def test_cli_bench_bad_table_is_a_clear_error(tmp_path, capsys, text, msg):
+    """A missing or malformed --table file: one normc error line naming the file (and the row), exit 2, before
+    any GPU is looked for (it used to print a FileNotFoundError, JSONDecodeError or KeyError traceback)."""
+    p = tmp_path / "t.json"
+    if text is not None:
+        p.write_text(text)
+    assert main(["bench", "--table", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"normc: error: --table {p}: ") and msg in err and err.count("\n") == 1, err
+    with pytest.raises(normc.ArgumentError, match="--table"):
+        bench.load_table(str(p))
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("damage,msg", [
+    (lambda res: "{", "not JSON"),
+    (lambda res: json.dumps({**res, "rows": [1]}), "expected rows (a list of objects) and a summary"),
+    (lambda res: json.dumps({**res, "meta": {k: v for k, v in res["meta"].items() if k != "device"}}),
+     "not a {kind} run as normc bench writes it (no field 'device')"),
+    (lambda res: json.dumps({**res, "meta": {**res["meta"], "bandwidth": "fast"}}),
+     "not a {kind} run as normc bench writes it (TypeError:"),
+])
+def test_cli_render_malformed_json_is_a_clear_error(tmp_path, capsys, backward, damage, msg):
+    res = _fake_backward_result() if backward else _fake_result()
+    kind, stem = ("backward", "backward") if backward else ("forward", "bench")
+    (tmp_path / f"{stem}.json").write_text(damage(res))
+    assert main(["bench", "--render", "--out", str(tmp_path)] + ["--backward"] * backward) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"normc: error: {tmp_path / stem}.json") and msg.format(kind=kind) in err, err
+    assert not (tmp_path / f"{stem}.md").exists()  # nothing written
+
+
+def test_drive_resume_of_a_malformed_json_is_a_clear_error(tmp_path):
+    (tmp_path / "bench.json").write_text('{"meta": {}, "rows": 3}')
+    fake = _FakeBench()
+    with pytest.raises(normc.ArgumentError, match="bench.json: expected rows"):
+        bench.drive("forward", _table(2), [0, 1], fake.one, fake.measure, {"device": "FakeGPU"},
+                    out_dir=str(tmp_path), resume=True, progress=False)
+    assert fake.ran == []
+
+
 # ----------------------------------------------------------------------------------------------------------
 # normc bench --backward (and what it shares with the forward bench)
 
