@@ -996,6 +996,14 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
                 choice = (tiles[0], nxc_, thr, ry_, base_, per_, C)
                 why.append(f"schedule forced to a cluster of {C} CTAs per column tile")
                 break
+    if force == "cluster" and choice is None:
+        if not _clusters_ok(common["arch"]):
+            why.append(f"clusters need sm_90 or newer ({common['arch']}): schedule not forced")
+        elif not csizes:
+            why.append("no thread-block cluster size is allowed (max_cluster): schedule not forced")
+        else:
+            why.append(f"{rows} rows of a column tile do not fit the registers of a cluster of {csizes[-1]} CTAs "
+                       f"(<= {2 * MAX_VALUES_PER_THREAD} values per thread): cluster schedule not forced")
     cluster = 1
     if choice is not None:
         tile, nxc, threads, ry, base, per_persist, cluster = choice
@@ -1037,6 +1045,12 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
             f"to a workspace, merged once per column tile by a second kernel, normalized by a third"
             if splits > 1 else f"{base} column tiles, rows too few to split: statistics loop, re-read"
         )
+    if force == "persistent" and schedule != "persistent":
+        cl = "" if _clusters_ok(common["arch"]) else f" (nor a cluster's: clusters need sm_90 or newer, {common['arch']})"
+        why.append(f"{rows} rows of a column tile do not fit one CTA's registers{cl}: persistent schedule not forced")
+    elif force == "persistent" and cluster > 1:
+        why.append(f"{rows} rows of a column tile do not fit one CTA's registers: held over a cluster of {cluster} "
+                   "CTAs as planned")
     finish = 1
     if schedule == "split":
         # rows of a split slice over `finish` normalize CTAs, each keeping one loop trip of rows at least

@@ -234,6 +234,31 @@ def test_forced_schedule_that_does_not_fit_keeps_the_planners_plan(schedule, not
     assert forced == default
 
 
+@pytest.mark.parametrize("arch, shape, schedule, note", [
+    ("sm_80", "256,128,28,28", "cluster", "clusters need sm_90 or newer (sm_80): schedule not forced"),
+    ("sm_75", "256,128,28,28", "cluster", "clusters need sm_90 or newer (sm_75): schedule not forced"),
+    ("sm_80", "256,128,28,28", "persistent",
+     "784 rows of a column tile do not fit one CTA's registers (nor a cluster's: clusters need sm_90 or newer, "
+     "sm_80): persistent schedule not forced"),
+    ("sm_90", "2,64,256,256", "cluster", "65536 rows of a column tile do not fit the registers of a cluster of 16 "
+     "CTAs (<= 64 values per thread): cluster schedule not forced"),
+    ("sm_90", "256,128,28,28", "persistent", "784 rows of a column tile do not fit one CTA's registers: held over a "
+     "cluster of 8 CTAs as planned"),
+])
+def test_outer_forced_schedule_not_honoured_says_why(arch, shape, schedule, note, capsys):
+    """An outer (NHWC) plan that cannot take a forced cluster or persistent schedule (no clusters before sm_90,
+    rows too many for registers) keeps the planner's plan and says so in a why line (it said nothing)."""
+    args = ["n c h w : norm over h w ; scale c ; shift c", "--shape", shape, "--layout", "n h w c", "--arch", arch,
+            "--json"]
+    assert main(["plan", *args]) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert main(["plan", *args, "--schedule", schedule]) == 0
+    forced = json.loads(capsys.readouterr().out)
+    assert note in forced.pop("why")
+    default.pop("why")
+    assert forced == default
+
+
 def test_16bit_kernels_before_sm_80_are_refused_not_emitted(capsys):
     """16-bit kernels round float32 pairs with cvt.rn.f16x2.f32 (sm_80+): for sm_75 the CLI refuses them with
     the reason, instead of writing PTX that ptxas rejects; float32 kernels (coop included: no evict-last
