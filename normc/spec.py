@@ -314,6 +314,7 @@ def _check_sizes(parsed: _Parsed, sizes, text: str) -> tuple:
 
 
 _FLOAT32_TINIEST = float(np.finfo(np.float32).smallest_subnormal)  # 1.4e-45
+_FLOAT32_MAX = float(np.finfo(np.float32).max)  # 3.4e38
 
 
 def _check_eps(eps) -> float:
@@ -328,6 +329,10 @@ def _check_eps(eps) -> float:
     # the kernels add eps in float32, where an eps that rounds to 0 gives a constant row rstd = inf, y = NaN
     if 0 < value < _FLOAT32_TINIEST and np.float32(value) == 0:
         raise SpecError(f"eps {eps!r} rounds to 0 in float32; use 0 or at least {_FLOAT32_TINIEST:.2g}")
+    with np.errstate(over="ignore"):
+        if np.isinf(np.float32(value)):  # past float32's largest value (rounding included): eps would be inf
+            raise SpecError(f"eps {eps!r} is not finite in float32 (the kernels add it in float32); expected at "
+                            f"most {_FLOAT32_MAX:.8g}")
     return value
 
 
@@ -381,14 +386,14 @@ class Spec:
         reduced: the reduction axes, in :attr:`axes` order (non-empty; may be every axis).
         scale: the axes the scale parameter is indexed by, in :attr:`axes` order, or ``None`` (no scale).
         shift: the axes the shift parameter is indexed by, in :attr:`axes` order, or ``None`` (no shift).
-        eps: the epsilon added to the variance / mean square (finite, >= 0; a positive eps must not round
-            to 0 in float32).
+        eps: the epsilon added to the variance / mean square (>= 0 and finite in float32, at most 3.4e38; a
+            positive eps must not round to 0 in float32).
         sizes: keyword sizes of split-dim parts as ``(name, size)`` pairs sorted by name.
 
     Raises:
         SpecError: any field is invalid (unknown or repeated axes, a keyword as an axis name, a split dim
             with fewer than 2 parts or with 2+ parts lacking a size, a size that is not a positive int or
-            names no part of a split, a bad eps (one that rounds to 0 in float32 too), ...).
+            names no part of a split, a bad eps (one that rounds to 0 or to inf in float32 too), ...).
     """
 
     dims: tuple
@@ -505,8 +510,8 @@ def spec(text, /, *, eps: float = 1e-5, **sizes: int) -> Spec:
     Args:
         text: the spec, e.g. ``'n (g k) h w : norm over k h w ; scale g k ; shift g k'`` (grammar in the
             module docstring).
-        eps: epsilon added to the variance (``norm``) or mean square (``rms``); finite and >= 0; a positive
-            eps must not round to 0 in float32 (at least 1.4e-45).
+        eps: epsilon added to the variance (``norm``) or mean square (``rms``); >= 0 and finite in float32 (at
+            most 3.4e38); a positive eps must not round to 0 in float32 (at least 1.4e-45).
         **sizes: the extent of parts of split dims, e.g. ``g=32``; every split dim needs all but at most
             one of its parts given. (A part named ``eps`` cannot be sized this way; use ``Spec(...)``.)
 
@@ -516,7 +521,7 @@ def spec(text, /, *, eps: float = 1e-5, **sizes: int) -> Spec:
     Raises:
         SpecError: the text is not a str or is malformed (``err.text``/``err.pos`` locate the problem), a
             size is missing, not a positive int, or names no part of a split, or eps is invalid (or rounds to
-            0 in float32).
+            0 or to inf in float32).
     """
     if not isinstance(text, str):
         raise SpecError(f"spec text must be a str, got {type(text).__name__} {text!r}")

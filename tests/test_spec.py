@@ -262,6 +262,34 @@ def test_eps_that_rounds_to_zero_in_float32_is_rejected(eps):
             make()
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # 3.4028235e38
+
+
+@pytest.mark.parametrize("eps", [3.4028236e38, 1e39, 1e300, np.float64(1e39)])
+def test_eps_that_is_inf_in_float32_is_rejected(eps):
+    """eps past float32's largest value was accepted and became +inf in the kernels (a new-user run); like an eps
+    that rounds to 0 it is a SpecError naming eps, through every constructor."""
+    for make in (lambda: spec("t d : norm over d", eps=eps), lambda: layer_norm(eps=eps),
+                 lambda: Spec(("t", "d"), "norm", ("d",), None, None, eps)):
+        with pytest.raises(SpecError, match=r"eps .* is not finite in float32 .*; expected at most 3.4028235e\+38"):
+            make()
+
+
+def test_largest_float32_eps_is_accepted(capsys):
+    """float32's largest value is still an eps (finite y, as float64 computes it); one past it is refused by the
+    CLI as by normc.spec."""
+    import normc
+    from normc.cli import main
+
+    x = np.random.default_rng(3).standard_normal((2, 8)).astype(np.float32)
+    y = normc.compile(spec("t d : norm over d", eps=FLOAT32_MAX))(x)
+    x64 = x.astype(np.float64)
+    ref = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + FLOAT32_MAX)
+    assert np.all(np.isfinite(y)) and np.abs(y - ref).max() <= 1e-5 * np.abs(ref).max()
+    assert main(["plan", "t d : norm over d", "--shape", "4,8", "--eps", "1e39"]) == 2
+    assert capsys.readouterr().err.startswith("normc: error: eps 1e+39 is not finite in float32")
+
+
 def test_smallest_float32_eps_keeps_a_constant_row_finite():
     import normc
 
