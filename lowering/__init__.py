@@ -52,16 +52,19 @@ class LoweredKernel:
 
 
 def arch_cc(arch) -> tuple:
-    """``"sm_90"`` / ``"90"`` / ``(9, 0)`` -> ``(9, 0)``.
+    """``"sm_90"`` / ``"compute_90"`` / ``"90"`` / ``90`` / ``(9, 0)`` -> ``(9, 0)``.
 
     Raises:
-        normc.ArgumentError: ``arch`` is not a compute capability, is one older than :data:`MIN_CC`, is not
-            one of :func:`supported_ccs` (Numba would compile for another), or is arch-specific (``sm_90a``:
-            normc emits portable PTX only).
+        normc.ArgumentError: ``arch`` is not a compute capability (a tuple's minor must be 0-9), is one older
+            than :data:`MIN_CC`, is not one of :func:`supported_ccs` (Numba would compile for another), or is
+            arch-specific (``sm_90a``: normc emits portable PTX only).
     """
     from ..errors import ArgumentError
 
-    if isinstance(arch, tuple) and len(arch) == 2 and all(isinstance(a, int) for a in arch):
+    if isinstance(arch, tuple):
+        if not (len(arch) == 2 and all(type(a) is int for a in arch) and arch[0] > 0 and 0 <= arch[1] <= 9):
+            raise ArgumentError(f"arch is {arch!r}; expected a compute capability such as 'sm_90' or (9, 0) "
+                                "(a major and a minor 0-9)")
         cc = arch
     else:
         m = re.fullmatch(r"(?:sm_|compute_)?(\d+)(\d)([af]?)", str(arch).strip())
@@ -84,13 +87,21 @@ def arch_cc(arch) -> tuple:
 @functools.cache
 def supported_ccs() -> tuple:
     """The compute capabilities the installed CUDA toolkit compiles for, ascending (Numba's list: it compiles
-    any other for the nearest older one of them); ``()`` when there is no toolkit to ask (no NVRTC, or Numba's
-    simulator), and then :func:`arch_cc` checks the form and :data:`MIN_CC` only."""
+    any other for the nearest older one of them; under NUMBA_ENABLE_CUDASIM=1, whose numba.cuda lacks it, the
+    same list from NVRTC through cuda.bindings); ``()`` when there is no toolkit to ask (no NVRTC), and then
+    :func:`arch_cc` checks the form and :data:`MIN_CC` only."""
     try:
         from numba.cuda.cudadrv.nvrtc import get_supported_ccs
 
         return tuple(sorted(get_supported_ccs()))
     except Exception:  # ImportError, the simulator's module without it, or NVRTC missing or failing to load
+        pass
+    try:  # what Numba's get_supported_ccs asks
+        from cuda.bindings import nvrtc
+
+        err, archs = nvrtc.nvrtcGetSupportedArchs()
+        return tuple(sorted((a // 10, a % 10) for a in archs)) if err == nvrtc.nvrtcResult.NVRTC_SUCCESS else ()
+    except Exception:  # no cuda.bindings, or NVRTC missing or failing to load
         return ()
 
 

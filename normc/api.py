@@ -77,7 +77,8 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
         out_dtype, out_strides: output dtype and strides (default: x's dtype, dense in x's memory order).
         scale_dtype, shift_dtype: affine vector dtypes (default: x's).
         stats: whether mean/rstd are produced.
-        arch: target compute capability, e.g. ``"sm_90"``.
+        arch: target compute capability: ``"sm_90"``, ``"compute_90"``, ``"90"``, ``90`` or ``(9, 0)``, one the
+            installed CUDA toolkit compiles for (:func:`normc.lowering.arch_cc`).
         sms: multiprocessors assumed when sizing grids.
         aligns: byte alignment of the base pointers (dict: x, out, scale, shift; default 16).
         schedule: force a schedule as :func:`normc.compile` does (``"persistent"``, ``"staged"``, ``"looped"``,

@@ -269,11 +269,13 @@ class Compiled:
         CompileError: a kernel could not be compiled or loaded.
 
     Constructor arguments: ``spec`` (a :class:`normc.Spec` or its text), ``out_dtype`` (default: x's),
-    ``arch`` (override the device's compute capability), ``schedule`` (force ``"persistent"``, ``"staged"``,
-    ``"looped"``, ``"split"``, ``"coop"`` or ``"cluster"`` where the problem admits it, for tests and tuning; default:
-    the planner's choice), ``use_tuning`` (True: take a schedule :func:`normc.autotune` stored for the problem,
-    where there is one). A Compiled pickles and deep-copies as its spec and these options: the specializations
-    it compiled are rebuilt on first use (from the disk cache).
+    ``arch`` (override the device's compute capability: ``"sm_90"``, ``"compute_90"``, ``"90"``, ``90`` or
+    ``(9, 0)``; checked here by :func:`normc.lowering.arch_cc`, an ArgumentError naming arch; the simulator checks
+    it but does not use it: numpy input runs the sm_90 plan for 4 SMs whatever ``arch`` says), ``schedule`` (force
+    ``"persistent"``, ``"staged"``, ``"looped"``, ``"split"``, ``"coop"`` or ``"cluster"`` where the problem admits
+    it, for tests and tuning; default: the planner's choice), ``use_tuning`` (True: take a schedule
+    :func:`normc.autotune` stored for the problem, where there is one). A Compiled pickles and deep-copies as its
+    spec and these options: the specializations it compiled are rebuilt on first use (from the disk cache).
     """
 
     def __init__(self, spec, *, out_dtype=None, arch=None, schedule=None, use_tuning=True):

@@ -270,6 +270,52 @@ def test_arch_the_toolkit_does_not_compile_for_is_named():
     assert arch_cc("sm_121") == (12, 1) and arch_cc((10, 3)) == (10, 3)
 
 
+def test_arch_forms_accepted_and_refused_alike_everywhere():
+    """arch=90 (an int) means sm_90, as '90' and (9, 0) do, for normc.plan and normc.compile; a tuple that is no
+    compute capability ((9, 10), (9, -1), (True, 0)) was accepted (then planned as 'sm_9-1' or refused only by the
+    toolkit's list) and is now an ArgumentError naming arch. A Compiled with arch=90 runs numpy input on the
+    simulator (which does not use arch), as float64 computes it."""
+    from normc.lowering import arch_cc
+
+    for arch in (90, "90", "sm_90", "compute_90", (9, 0), np.int64(90)):
+        assert arch_cc(arch) == (9, 0) and normc.plan(PLAIN, (2, 8), arch=arch).arch == "sm_90"
+    for arch in ((9, 10), (9, -1), (0, 9), (True, 0), (9, 0, 0), (9.0, 0), 9.0, True, [9, 0]):
+        with raises(ArgumentError, "arch", repr(arch), "expected a compute capability such as 'sm_90'"):
+            normc.plan(PLAIN, (2, 8), arch=arch)
+        with raises(ArgumentError, "arch", "expected a compute capability"):
+            normc.compile(PLAIN, arch=arch)
+    x = make_x((2, 8), "float32")
+    x64 = x.astype(np.float64)
+    ref = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
+    assert np.abs(normc.compile(PLAIN, arch=90)(x) - ref).max() < 1e-5
+
+
+def test_arch_checked_under_numba_cudasim(tmp_path):
+    """Under NUMBA_ENABLE_CUDASIM=1 Numba's cuda module has no NVRTC to ask, so supported_ccs() was () and any
+    arch of the right form passed (normc.compile(spec, arch='sm_999') ran on the simulator); the toolkit's list
+    now comes from NVRTC through cuda.bindings there too, so an arch is refused as without the variable."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    from normc.lowering import supported_ccs
+
+    if not supported_ccs():
+        pytest.skip("no CUDA toolkit (NVRTC) to ask: arch_cc checks the form only, with or without the simulator")
+    code = ("import normc\nfrom normc.lowering import supported_ccs\nprint(supported_ccs())\n"
+            "try:\n    normc.compile('t d : norm over d', arch='sm_999')\nexcept normc.ArgumentError as e:\n"
+            "    print(e)\n")
+    root = str(pathlib.Path(normc.__file__).resolve().parent.parent)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", NORMC_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ccs, err = out.stdout.splitlines()[:2]
+    assert ccs == str(supported_ccs())
+    assert err.startswith("arch is 'sm_999': compute capability 99.9 is not one this CUDA toolkit compiles for")
+
+
 def test_malformed_plan_json_names_what_is_wrong():
     """``Plan.from_json("{}")`` raised a bare KeyError: 'axes', and ``"[1,2]"`` a TypeError about list
     indices; malformed text is now an ArgumentError (a ValueError, as documented) naming what is wrong."""
