@@ -275,7 +275,7 @@ def compile_source(ks: KernelSource, cc) -> LoweredKernel:
 MIN_CC_16BIT = (8, 0)
 
 
-def _check_16bit_target(plan, cc):
+def check_16bit_target(plan, cc):
     """CompileError when a 16-bit dtype of ``plan`` (any ``*_dtype`` field) meets a target older than
     :data:`MIN_CC_16BIT`, rather than PTX that ptxas then refuses."""
     names = [f.name for f in dataclasses.fields(plan) if f.name.endswith("_dtype")]
@@ -293,7 +293,7 @@ def lower(plan, arch=None) -> list:
         CompileError: Numba or NVVM failed, or a 16-bit plan targets an arch older than :data:`MIN_CC_16BIT`.
     """
     cc = arch_cc(arch or plan.arch)
-    _check_16bit_target(plan, cc)
+    check_16bit_target(plan, cc)
     return [compile_source(ks, cc) for ks in generate(plan)]
 
 
@@ -303,7 +303,7 @@ def lower_backward(bplan, arch=None) -> list:
     from .backward import generate_backward
 
     cc = arch_cc(arch or bplan.arch)
-    _check_16bit_target(bplan, cc)
+    check_16bit_target(bplan, cc)
     return [compile_source(ks, cc) for ks in generate_backward(bplan)]
 
 

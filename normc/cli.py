@@ -73,7 +73,8 @@ def _parse_sizes(items) -> dict:
             if not eq or not name or not re.fullmatch(r"\d+", value):
                 raise _UsageError(f"--size {piece!r}: expected NAME=INT, e.g. g=32")
             if name in sizes:
-                raise _UsageError(f"--size {name}= given twice")
+                raise _UsageError(f"--size {piece.strip()!r}: {name} is already sized by --size {name}={sizes[name]}; "
+                                  "expected each part of a split dim sized once")
             if not name.isidentifier() or name == "eps":
                 raise _UsageError(f"--size {piece!r}: {name!r} cannot name a part of a split dim (use --eps for "
                                   f"epsilon); expected NAME=INT, e.g. g=32")
@@ -146,6 +147,7 @@ def ptx_text(kernels, workspace_floats=0) -> str:
 
 
 def _cmd_plan(args) -> int:
+    from .lowering import arch_cc, check_16bit_target
     from .planner import rejected
 
     if args.backward:
@@ -154,6 +156,7 @@ def _cmd_plan(args) -> int:
                               "'why:' lines give its reasons (drop --explain or --backward)")
         _no_stats_with_backward(args)
         plan = _backward_plan_from_args(args)
+        check_16bit_target(plan, arch_cc(plan.arch))  # refused as normc ptx refuses it: no kernels for this target
         _emit((plan.to_json() if args.json else plan.describe()) + "\n", args.output)
         return 0
     if args.explain and args.schedule:
@@ -163,6 +166,7 @@ def _cmd_plan(args) -> int:
         raise _UsageError("--explain adds text lines ('rejected: ...') that --json output cannot hold "
                           "(drop one of them)")
     plan = _plan_from_args(args)
+    check_16bit_target(plan, arch_cc(plan.arch))
     text = plan.to_json() if args.json else plan.describe()
     if args.explain:
         text += "\n" + "\n".join(f"rejected: {r}" for r in rejected(plan))

@@ -272,6 +272,31 @@ def test_16bit_kernels_before_sm_80_are_refused_not_emitted(capsys):
     assert "registers/thread" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("extra", [[], ["--backward"], ["--out-dtype", "bfloat16"], ["--json"]])
+def test_plan_refuses_16bit_before_sm_80_as_ptx_does(extra, capsys):
+    """normc plan --arch sm_75 --dtype float16 printed a plan whose kernels normc ptx (and the runtime) refuse;
+    it now refuses it with the same one-line reason and exit status. float32 still plans there."""
+    args = ["t d : norm over d ; scale d ; shift d", "--shape", "4,1024", "--arch", "sm_75", *extra]
+    dt = [] if "--out-dtype" in extra else ["--dtype", "float16"]
+    errs = []
+    for cmd in ("plan", "ptx"):
+        argv = [cmd, *args, *dt] if cmd == "plan" else [cmd, *[a for a in args if a != "--json"], *dt, "-o", os.devnull]
+        assert main(argv) == 2
+        errs.append(_one_error_line(capsys.readouterr().err))
+    assert errs[0] == errs[1] and "kernels need compute capability 8.0 or newer" in errs[0] and "sm_75" in errs[0]
+    assert main(["plan", "t d : norm over d", "--shape", "4,1024", "--arch", "sm_75", "--json",
+                 *[e for e in extra if e == "--backward"]]) == 0
+    assert json.loads(capsys.readouterr().out)["arch"] == "sm_75"
+
+
+def test_size_given_twice_names_the_argument(capsys):
+    for sizes in (["--size", "g=32", "--size", "g=16"], ["--size", "g=32,g=16"]):
+        assert main(["plan", "n (g k) h w : norm over k h w", *sizes, "--shape", "8,320,64,64"]) == 2
+        assert _one_error_line(capsys.readouterr().err) == (
+            "normc: error: --size 'g=16': g is already sized by --size g=32; expected each part of a split dim "
+            "sized once")
+
+
 def test_spec_error_reports_column(capsys):
     assert main(["plan", "n c h w : norm ovr h w", "--shape", "2,3,4,5"]) == 2
     line = _one_error_line(capsys.readouterr().err)
