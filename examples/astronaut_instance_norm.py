@@ -4,6 +4,7 @@ A real photograph (scikit-image's bundled ``astronaut``, 512 x 512 RGB) goes thr
 3x3 convolution to 32 channels; the result is instance-normalized by normc in both memory layouts and
 compared with ``torch.nn.functional.instance_norm`` (float64 reference), with timings.
 
+    pip install scikit-image                              # its photograph (the script says so without it)
     python examples/astronaut_instance_norm.py            # on a GPU: full size, torch tensors
     python examples/astronaut_instance_norm.py --size 16  # no GPU: downscaled, numpy on the simulator
 
@@ -14,6 +15,7 @@ its kernels on Numba's CUDA simulator (slow: keep --size small).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
@@ -24,7 +26,11 @@ SPEC = normc.spec("n c h w : norm over h w ; scale c ; shift c", eps=1e-5)
 
 
 def load_image(size):
-    from skimage import data, transform
+    try:
+        from skimage import data, transform
+    except ImportError:
+        sys.exit("astronaut_instance_norm.py reads scikit-image's bundled astronaut photograph: "
+                 "pip install scikit-image")
 
     img = data.astronaut().astype(np.float32) / 255.0  # (512, 512, 3)
     if size and size != img.shape[0]:

@@ -10,6 +10,7 @@ the input gradient and the parameter gradients, and the training-step times.
 """
 
 import argparse
+import sys
 
 import numpy as np
 import torch
@@ -45,7 +46,10 @@ def transformer_net():
 
 
 def load_image(name, size):
-    from skimage import data, transform
+    try:
+        from skimage import data, transform
+    except ImportError:
+        sys.exit(f"style_transfer.py reads scikit-image's bundled {name} photograph: pip install scikit-image")
 
     img = getattr(data, name)().astype(np.float32) / 255.0
     img = transform.resize(img, (size, size), anti_aliasing=True).astype(np.float32)

@@ -449,3 +449,20 @@ def test_zero_size_forward_and_backward(spec, shape, perm):
             assert g.shape == tuple(sizes[a] for a in ax) and np.array_equal(g, np.zeros(g.shape))
         else:
             assert g is None
+
+
+def test_astronaut_example_without_scikit_image_says_what_to_install():
+    """examples/astronaut_instance_norm.py raised a bare ModuleNotFoundError: No module named 'skimage'; it now
+    exits with one line saying to pip install scikit-image (scikit-image is hidden from the child process)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "examples", "astronaut_instance_norm.py")
+    code = ("import runpy, sys\nsys.modules['skimage'] = None\n"
+            f"sys.argv = [{path!r}, '--size', '4']\nrunpy.run_path({path!r}, run_name='__main__')\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert res.stderr.strip().splitlines()[-1] == (
+        "astronaut_instance_norm.py reads scikit-image's bundled astronaut photograph: pip install scikit-image")
