@@ -649,7 +649,28 @@ def _isz(dtype):
     return 4 if dtype == "float32" else 2
 
 
+# Work numpy's exact overlap solver may spend (np.shares_memory's max_work) on two arrays whose address ranges
+# meet; past it, they are taken to overlap (conservative).
+OVERLAP_MAX_WORK = 10_000
+
+
+class _Addresses:
+    """An array description numpy reads (``numpy.asarray``) as a view at ``info``'s address with its shape, strides
+    and itemsize, for address arithmetic only: nothing is read or written through it (device pointers too)."""
+
+    def __init__(self, info):
+        isz = _isz(info.dtype)
+        self.__array_interface__ = {"shape": tuple(info.shape), "typestr": f"|V{isz}", "data": (info.ptr, True),
+                                    "strides": tuple(s * isz for s in info.strides), "version": 3}
+
+
 def _overlaps(a, b):
+    """Whether arrays ``a`` and ``b`` (ArrayInfo) share a byte. Arrays whose address ranges are apart do not;
+    where the ranges meet (e.g. interleaved views of one buffer, x = buf[:, 0::2] and out = buf[:, 1::2]),
+    numpy's exact solver decides from the addresses, strides and itemsizes (``np.shares_memory``), and past
+    OVERLAP_MAX_WORK they are taken to overlap."""
+    import numpy as np
+
     def span(i):
         isz = _isz(i.dtype)
         lo = i.ptr + sum((n - 1) * s * isz for n, s in zip(i.shape, i.strides) if s < 0 and n > 0)
@@ -657,7 +678,13 @@ def _overlaps(a, b):
         return lo, hi
 
     (a0, a1), (b0, b1) = span(a), span(b)
-    return a0 < b1 and b0 < a1
+    if not (a0 < b1 and b0 < a1):
+        return False
+    try:
+        return bool(np.shares_memory(np.asarray(_Addresses(a)), np.asarray(_Addresses(b)),
+                                     max_work=OVERLAP_MAX_WORK))
+    except np.exceptions.TooHardError:
+        return True
 
 
 _kernel_memo = {}

@@ -148,6 +148,43 @@ def test_out_partially_overlapping_x():
         normc.compile(PLAIN)(x, out=out)
 
 
+@pytest.mark.parametrize("spec,shape", [(PLAIN, (3, 16)), ("t d : norm over d ; scale d ; shift d", (3, 16)),
+                                        ("n c h w : norm over h w", (2, 3, 4, 8))])
+def test_out_interleaved_with_x_without_shared_elements_runs(spec, shape):
+    """out = buf[..., 1::2] next to x = buf[..., 0::2] shares no element with x, but its address range meets
+    x's: it was refused as overlapping x. The overlap check is now exact (numpy's solver on the addresses): the
+    result matches float64 and x is untouched; an out shifted onto x's elements is still refused."""
+    rng = np.random.default_rng(7)
+    buf = rng.standard_normal(shape).astype(np.float32)
+    x, out = buf[..., 0::2], buf[..., 1::2]
+    x0 = x.copy()
+    sp = normc.spec(spec)
+    affine = bool(sp.scale)  # the "t d" spec with scale d and shift d
+    w, b = rng.standard_normal((2, x.shape[-1])).astype(np.float32)
+    f = normc.compile(sp)
+    y = f(x, w, b, out=out) if affine else f(x, out=out)
+    red = tuple(sp.axes.index(a) for a in sp.reduced)
+    x64 = x0.astype(np.float64)
+    ref = (x64 - x64.mean(red, keepdims=True)) / np.sqrt(x64.var(red, keepdims=True) + 1e-5)
+    ref = ref * w + b if affine else ref
+    assert y is out and np.array_equal(x, x0)
+    assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
+    xs, shifted = buf[..., 0:-2:2], buf[..., 2::2]  # out's elements 0..n-2 are x's 1..n-1
+    with raises(ArgumentError, "out overlaps x"):
+        f(xs, w[:-1], b[:-1], out=shifted) if affine else f(xs, out=shifted)
+
+
+def test_out_overlap_check_past_its_work_bound_refuses(monkeypatch):
+    """Where numpy's exact solver would need more than OVERLAP_MAX_WORK, out is refused as overlapping
+    (conservative), as every out whose address range met x's was before."""
+    import normc.runtime as rt
+
+    monkeypatch.setattr(rt, "OVERLAP_MAX_WORK", 0)
+    buf = np.zeros((3, 16), np.float32)
+    with raises(ArgumentError, "out overlaps x"):
+        normc.compile(PLAIN)(buf[:, 0::2], out=buf[:, 1::2])
+
+
 def test_out_aliasing_x_with_other_strides():
     buf = np.zeros(16, np.float32)
     x = buf.reshape(2, 8)
