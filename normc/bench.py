@@ -1038,7 +1038,8 @@ def load_result(path, kind="forward") -> dict:
     if held != kind:
         raise ArgumentError(f"{path} holds a {held or 'non-bench'} run, not a {kind} one")
     rows = result.get("rows")
-    if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows) and isinstance(result.get("summary"), dict)):
+    if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows)
+            and isinstance(result.get("summary"), dict)):
         raise ArgumentError(f"{path}: expected rows (a list of objects) and a summary, as normc bench writes them")
     return result
 

@@ -156,7 +156,7 @@ def _cmd_plan(args) -> int:
                               "'why:' lines give its reasons (drop --explain or --backward)")
         _no_stats_with_backward(args)
         plan = _backward_plan_from_args(args)
-        check_16bit_target(plan, arch_cc(plan.arch))  # refused as normc ptx refuses it: no kernels for this target
+        check_16bit_target(plan, arch_cc(plan.arch))  # refused as normc ptx refuses it
         _emit((plan.to_json() if args.json else plan.describe()) + "\n", args.output)
         return 0
     if args.explain and args.schedule:

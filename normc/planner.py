@@ -1046,7 +1046,8 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
             if splits > 1 else f"{base} column tiles, rows too few to split: statistics loop, re-read"
         )
     if force == "persistent" and schedule != "persistent":
-        cl = "" if _clusters_ok(common["arch"]) else f" (nor a cluster's: clusters need sm_90 or newer, {common['arch']})"
+        cl = ("" if _clusters_ok(common["arch"])
+              else f" (nor a cluster's: clusters need sm_90 or newer, {common['arch']})")
         why.append(f"{rows} rows of a column tile do not fit one CTA's registers{cl}: persistent schedule not forced")
     elif force == "persistent" and cluster > 1:
         why.append(f"{rows} rows of a column tile do not fit one CTA's registers: held over a cluster of {cluster} "
