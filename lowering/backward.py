@@ -825,8 +825,11 @@ class _Cols(_Red):
             o = vector_offsets(g, cc, self.red, V, ("x", "out", "scale") + tuple(pt))
             slots.append((okc, o))
         stag = TAG[b.scale_dtype] if self.use_scale else None
+        # a scale constant along the kept axes (layer norm's) is loaded once per column; one that also varies
+        # along them (``t d : ... scale t d``) is loaded per row, beside that row's x and dy
+        row_scale = self.use_scale and any(a.stride("scale") for a in self.kep)
         sc = ([self._seq(g, stag, "sp", o["scale"], inner.scale, self.rp.scale_vec) for _, o in slots]
-              if self.use_scale else None)
+              if self.use_scale and not row_scale else None)
         qs = [_SUM[o] for o in cp.outputs]
         for i in range(len(qs)):
             for e in range(E):
@@ -848,15 +851,19 @@ class _Cols(_Red):
                 g(f"{oku} = r + {u} < r1")
                 g(f"{ru} = min(r + {u}, r1 - 1)")
             cs = _coords(g, ru, self.kep, "k")
-            nm = {t: g.new(t[0] + "b") for t in ("x", "out", "stat")}
-            for t in ("x", "out", "stat"):
+            ts = ("x", "out", "stat") + (("scale",) if row_scale else ())
+            nm = {t: g.new({"scale": "cb"}.get(t, t[0] + "b")) for t in ts}
+            for t in ts:
                 g(f"{nm[t]} = I64({_offset(cs, self.kep, t)})")
             oks = [self._ok(g, okc, oku) for okc, _ in slots]
             held = [(self._ld(g, xt, "xp", f"{nm['x']} + {o['x']}", ok),
                      self._ld(g, TAG[b.dy_dtype], "gp", f"{nm['out']} + {o['out']}", ok))
                     for ok, (_, o) in zip(oks, slots)]
-            rows.append((ru, nm, oks, held))
-        for ru, nm, oks, held in rows:
+            # clamped row and column: in bounds without a mask
+            rsc = ([self._seq(g, stag, "sp", f"{nm['scale']} + {o['scale']}", inner.scale, self.rp.scale_vec)
+                    for _, o in slots] if row_scale else sc)
+            rows.append((ru, nm, oks, held, rsc))
+        for ru, nm, oks, held, sc in rows:
             g(f"rs = ld1_f32(rp, {nm['stat']})")
             if self.norm:
                 g(f"mu = ld1_f32(mp, {nm['stat']})")

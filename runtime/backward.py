@@ -9,7 +9,6 @@ keyed like the forward's (shape, strides, dtypes, device, pointer alignment).
 
 from __future__ import annotations
 
-import functools
 import math
 import threading
 
@@ -250,34 +249,8 @@ def _relayout(gi, strides):
                         f"{gi.kind} array (normc copies torch, CuPy and numpy arrays itself)")
 
 
-@functools.lru_cache(maxsize=256)  # asked on every backward call: specs are hashable, answered once each
-def _dshift_spoils_dx(spec) -> bool:
-    """Whether ``spec`` is of the family whose dx the backward kernels get wrong when they also reduce dshift:
-    the scale varies along a kept and a reduced axis, the shift along reduced axes only (e.g. ``t d : norm
-    over d ; scale t d ; shift d``). Found by a new-user run on 2026-12-05 (the general dx kernel that adds
-    dshift per column, used for long rows and forced looped/split schedules: dx wrong after the first row;
-    dscale and dshift right, and dx right with ``need_dshift=False``). Until that kernel is fixed,
-    :func:`backward` computes such a spec's dx without dshift and dshift in a second call."""
-    if spec.scale is None or spec.shift is None:
-        return False
-    red, sc = set(spec.reduced), set(spec.scale)
-    return set(spec.shift) <= red and bool(sc & red) and not sc <= red
-
-
 def backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_dshift=True, stream=None):
     """Gradients of ``compiled``'s normalization; see :meth:`normc.runtime.Compiled.backward`."""
-    if need_dshift is not False and _dshift_spoils_dx(compiled.spec) and check_flag(need_dshift, "need_dshift"):
-        # see _dshift_spoils_dx: two passes, each with what it gets right
-        dx, dscale, _ = _backward(compiled, dy, x, mean, rstd, scale, need_dscale=need_dscale, need_dshift=False,
-                                  stream=stream)
-        dshift = _backward(compiled, dy, x, mean, rstd, scale, need_dscale=False, need_dshift=True,
-                           stream=stream)[2]
-        return dx, dscale, dshift
-    return _backward(compiled, dy, x, mean, rstd, scale, need_dscale=need_dscale, need_dshift=need_dshift,
-                     stream=stream)
-
-
-def _backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_dshift=True, stream=None):
     from . import _check_contexts, _LaunchStream, _tkey, _torch_tensor_type
 
     tt = _torch_tensor_type()

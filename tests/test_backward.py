@@ -13,6 +13,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import normc
 from conftest import BN, GN, IN1, IN2, IN3, LN, NHWC, RMS_TEXT, make_param, make_x, memory_order, np_dtype, rel_err
@@ -1239,9 +1241,9 @@ def test_backward_plan_from_json_errors_name_the_field():
     ("n c h w : norm over h w ; scale c h w ; shift h w", (2, 3, 4, 5), (2, 3)),
 ])
 def test_dx_right_when_shift_runs_along_reduced_axes_only(text, shape, red, schedule):
-    """A scale along a kept and a reduced axis with a shift along reduced axes only: the general dx kernel
-    that also reduces dshift got dx wrong after the first row (a new-user run, 2026-12-05: errors of 1-4 on
-    unit-normal data); dx, dscale and dshift against float64."""
+    """A scale along a kept and a reduced axis with a shift along reduced axes only: the column kernel that
+    writes dx and reduces dshift (``normc_bwd_dx_cols``) read the scale of the first row for every row (a
+    new-user run, 2026-12-05: errors of 1-4 on unit-normal data); dx, dscale and dshift against float64."""
     rng = np.random.default_rng(1)
     spec = normc.spec(text)
     x = rng.standard_normal(shape).astype(np.float32)
@@ -1262,3 +1264,49 @@ def test_dx_right_when_shift_runs_along_reduced_axes_only(text, shape, red, sche
     np.testing.assert_allclose(dsc.reshape(sc.shape), (dy * xh).sum(keep, keepdims=True), atol=2e-5)
     keep = tuple(i for i, a in enumerate(spec.axes) if a not in spec.shift)
     np.testing.assert_allclose(dsh.reshape(sh.shape), dy.astype(np.float64).sum(keep, keepdims=True), atol=2e-5)
+
+
+_PARAM_AXES = [None, "a", "b", "c", "b c", "a c", "a b c"]  # none, kept, reduced (outer, inner, all), both
+
+
+@pytest.mark.parametrize("shift", _PARAM_AXES)
+@pytest.mark.parametrize("scale", _PARAM_AXES)
+def test_every_pair_of_parameter_axes(scale, shift):
+    """Every pair of scale / shift axis sets of ``a b c : norm over b c`` under the looped schedule (the
+    unfused kernels: general, row sums, segments, column pass), against float64. (All 49 pairs x the three
+    schedules x three memory orders passed on 2026-12-05; this is the fast slice.)"""
+    text = "a b c : norm over b c" + (f" ; scale {scale}" if scale else "") + (f" ; shift {shift}" if shift else "")
+    run_bwd(text, make_x((3, 4, 8), "float32", rng=np.random.default_rng(5)), schedule="looped")
+
+
+_AXES = ("a", "b", "c")
+
+
+@st.composite
+def _backward_cases(draw):
+    """A rank-3 spec with any reduced axes, scale and shift along any axes (or none), a memory order, a
+    schedule and small sizes (some of 8, so vector loads and several lanes take part)."""
+    subsets = [tuple(a for i, a in enumerate(_AXES) if m >> i & 1) for m in range(1, 8)]
+    red = draw(st.sampled_from(subsets))
+    scale = draw(st.sampled_from([None] + subsets))
+    shift = draw(st.sampled_from([None] + subsets))
+    stat = draw(st.sampled_from(["norm", "rms"]))
+    text = f"{' '.join(_AXES)} : {stat} over {' '.join(red)}"
+    text += f" ; scale {' '.join(scale)}" if scale else ""
+    text += f" ; shift {' '.join(shift)}" if shift else ""
+    shape = tuple(draw(st.sampled_from([1, 2, 3, 5, 8])) for _ in _AXES)
+    perm = draw(st.permutations(range(3)))
+    schedule = draw(st.sampled_from([None, "looped", "split"]))
+    return text, shape, perm, schedule
+
+
+@given(_backward_cases())
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+def test_any_parameter_axes_and_schedule(case):
+    """dx, dscale and dshift against float64 for scale and shift along any axes (kept, reduced or both), any
+    memory order and each schedule: the per-route kernels (fused, row sums, segments, column pass, general)
+    must agree with the math whatever routes a spec takes (a fixed-list test missed a wrong dx of
+    ``scale t d ; shift d`` in the column pass)."""
+    text, shape, perm, schedule = case
+    x = make_x(shape, "float32", perm=perm, rng=np.random.default_rng(5))
+    run_bwd(text, x, schedule=schedule)
