@@ -315,6 +315,9 @@ def _check_sizes(parsed: _Parsed, sizes, text: str) -> tuple:
 
 _FLOAT32_TINIEST = float(np.finfo(np.float32).smallest_subnormal)  # 1.4e-45
 _FLOAT32_MAX = float(np.finfo(np.float32).max)  # 3.4e38
+# the least float64 that rounds to inf in float32: halfway between its largest value and 2**128 (round to even
+# goes up: the largest value's significand is odd)
+_FLOAT32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
 
 
 def _check_eps(eps) -> float:
@@ -327,12 +330,12 @@ def _check_eps(eps) -> float:
     if math.isnan(value) or math.isinf(value) or value < 0:
         raise SpecError(f"eps must be a finite non-negative real number, got {eps!r}")
     # the kernels add eps in float32, where an eps that rounds to 0 gives a constant row rstd = inf, y = NaN
-    if 0 < value < _FLOAT32_TINIEST and np.float32(value) == 0:
+    if 0 < value <= _FLOAT32_TINIEST / 2:  # rounds to 0 (half of the tiniest: to even, 0)
         raise SpecError(f"eps {eps!r} rounds to 0 in float32; use 0 or at least {_FLOAT32_TINIEST:.2g}")
-    with np.errstate(over="ignore"):
-        if np.isinf(np.float32(value)):  # past float32's largest value (rounding included): eps would be inf
-            raise SpecError(f"eps {eps!r} is not finite in float32 (the kernels add it in float32); expected at "
-                            f"most {_FLOAT32_MAX:.8g}")
+    # plain float arithmetic, no numpy: torch.compile traces this (normc.torch modules build specs in forward)
+    if value >= _FLOAT32_OVERFLOW:  # past float32's largest value (rounding included): eps would be inf
+        raise SpecError(f"eps {eps!r} is not finite in float32 (the kernels add it in float32); expected at "
+                        f"most {_FLOAT32_MAX:.8g}")
     return value
 
 

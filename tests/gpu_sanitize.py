@@ -75,6 +75,8 @@ CASES = [
     # partials in one pass, 2 row groups) and its finish kernel
     # (schedule "looped": the fused backward over a cluster would hold these rows)
     ("inner-cols-groups", "t d : norm over d ; scale d ; shift d", {}, (100, 9001), None, "bfloat16", "looped"),
+    # the column pass with a scale along the kept axis too (loaded per row; 2026-12-05 fix)
+    ("inner-cols-row-scale", "t d : norm over d ; scale t d ; shift d", {}, (37, 1003), None, "float32", "looped"),
     # the fused backward over a cluster of 4 CTAs (row sums through distributed shared memory), row-route
     # parameter sums; the forward is its default for the shape
     ("fused-bwdcluster-instance", "n c d h w : norm over d h w ; scale c ; shift c", {}, (2, 4, 32, 32, 33), None,
