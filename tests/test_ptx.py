@@ -41,7 +41,9 @@ def _row_spec(r):
     return normc.spec(r["spec"], eps=eps, **r["sizes"])
 
 
-def check_kernels(plan, arch="sm_90"):
+def check_kernels(plan, arch="sm_90", uses=None):
+    """Lower ``plan`` and assemble each kernel with ptxas, checking its PTX and resource use; ``uses`` (a dict),
+    when given, receives each kernel's resource use by entry name."""
     kernels = lower(plan)
     # split: a partial-statistics kernel, then merge/normalize kernel(s); coop: counters zeroed, then the
     # cooperative kernel; otherwise a single kernel
@@ -54,6 +56,8 @@ def check_kernels(plan, arch="sm_90"):
         assert k.grid >= 1 and 1 <= k.block <= 1024
         cubin, use = assemble(k.ptx, arch)
         assert cubin
+        if uses is not None:
+            uses[k.entry] = use
         # spills only under a launch bound (.minnctapersm), and at most what the generator lets a bound cost
         allowed = max(codegen.STREAM_MAX_SPILL, codegen.PERSISTENT_MAX_SPILL) if ".minnctapersm" in k.ptx else 0
         assert use.spill_stores <= allowed and use.spill_loads <= allowed, (k.entry, use.log)
@@ -155,9 +159,10 @@ def test_mixed_split_fills_one_wave():
     plan = plan_for(_row_spec(r), r["shape"], r["dtype"], layout=r["memory_perm"])
     assert (plan.strategy, plan.schedule) == ("mixed", "split")
     assert plan.grid <= 4 * 132
-    partial, _, finish = check_kernels(plan)
+    uses = {}
+    partial, _, finish = check_kernels(plan, uses=uses)
     for k in (partial, finish):
-        use = assemble(k.ptx, "sm_90")[1]
+        use = uses[k.entry]
         assert ".minnctapersm 4" in k.ptx and use.registers <= 64, (k.entry, use.registers)
 
 
