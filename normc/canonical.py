@@ -144,8 +144,11 @@ def check_no_overlap(shape, strides, name):
     """Raise :class:`ArgumentError` if an output array with these strides writes an element twice.
 
     A sufficient test: sorted by stride, each axis' stride must be at least the extent spanned by the
-    axes inside it. Size-0/size-1 dims are ignored.
+    axes inside it. Size-1 dims are ignored; an array with a size-0 dim has no elements (numpy gives such
+    arrays zero strides), so nothing to check.
     """
+    if any(n == 0 for n in shape):
+        return
     dims = sorted((abs(s), n) for n, s in zip(shape, strides) if n > 1)
     span = 1
     for s, n in dims:

@@ -477,12 +477,17 @@ class Compiled:
         hold: checked on every call that passes ``out``, not only on the first of its key.
 
         Raises:
-            ArgumentError: out is read-only, aliases x with other strides, or overlaps x, scale or shift.
+            ArgumentError: out is read-only, aliases x with other strides or another itemsize, or overlaps x,
+                scale or shift.
         """
         if oi.readonly:
             raise ArgumentError("out is read-only; expected a writeable array")
-        if oi.ptr == xi.ptr and tuple(oi.strides) != tuple(xi.strides):
-            raise ArgumentError("out aliases x with different strides; expected x itself or a separate array")
+        if oi.ptr == xi.ptr and (tuple(oi.strides) != tuple(xi.strides) or _isz(oi.dtype) != _isz(xi.dtype)):
+            # in place only element for element: with another itemsize, a CTA's stores would land on elements
+            # of x that other CTAs have yet to read
+            raise ArgumentError(f"out aliases x with different strides or itemsize (out {oi.dtype}, strides "
+                                f"{tuple(oi.strides)}; x {xi.dtype}, strides {tuple(xi.strides)}); expected x "
+                                f"itself (same strides and element size) or a separate array")
         if oi.ptr != xi.ptr and _overlaps(xi, oi):
             raise ArgumentError("out overlaps x; expected x itself (in place) or a non-overlapping array")
         for name, pi in (("scale", si), ("shift", hi)):

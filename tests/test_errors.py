@@ -174,6 +174,32 @@ def test_out_interleaved_with_x_without_shared_elements_runs(spec, shape):
         f(xs, w[:-1], b[:-1], out=shifted) if affine else f(xs, out=shifted)
 
 
+@pytest.mark.parametrize("xdt, odt", [("float16", "float32"), ("float32", "float16")])
+def test_out_at_x_with_another_itemsize_is_refused(xdt, odt):
+    """out at x's address with x's element strides but another element size is no in-place output: its
+    elements cover other elements of x (a float32 row of out spans two float16 rows of x), which other CTAs
+    may not have read yet. It was accepted (the simulator copies arguments, so it hid the race)."""
+    n = 64 * 16 * 4
+    buf = np.zeros(n, np.uint8)
+    x = buf.view(xdt)[: 64 * 16].reshape(64, 16)
+    out = buf.view(odt)[: 64 * 16].reshape(64, 16)
+    assert out.__array_interface__["data"][0] == x.__array_interface__["data"][0]
+    with raises(ArgumentError, "out aliases x with different strides or itemsize"):
+        normc.compile(normc.spec(PLAIN))(x, out=out)
+
+
+@pytest.mark.parametrize("shape", [(0, 32), (4, 0), (0, 0)])
+def test_zero_size_out_is_accepted(shape):
+    """A zero-size out (numpy gives it zero strides) has no elements to overlap: it was refused as "out has
+    overlapping memory". Now the call returns out, empty, as it does without out=; out=x in place too."""
+    x = np.zeros(shape, np.float32)
+    f = normc.compile(normc.layer_norm())
+    w = np.ones(shape[1], np.float32)
+    out = np.zeros(shape, np.float32)
+    assert f(x, w, w, out=out) is out
+    assert f(x, w, w, out=x) is x
+
+
 def test_out_overlap_check_past_its_work_bound_refuses(monkeypatch):
     """Where numpy's exact solver would need more than OVERLAP_MAX_WORK, out is refused as overlapping
     (conservative), as every out whose address range met x's was before."""
