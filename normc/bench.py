@@ -83,6 +83,8 @@ def _read_json(path, what):
         raise ArgumentError(f"{what}: cannot read it ({e.strerror or e})") from None
     except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
         raise ArgumentError(f"{what}: not JSON ({e})") from None
+    except RecursionError:
+        raise ArgumentError(f"{what}: not JSON this reader takes (nested too deeply)") from None
 
 
 def _check_table_row(row):
@@ -106,6 +108,8 @@ def _check_table_row(row):
         return f"memory_perm is {perm!r}; expected a permutation of 0..{len(shape) - 1}"
     if not isinstance(row.get("sizes", {}), dict):
         return f"sizes is {row['sizes']!r}; expected an object of split-axis sizes, e.g. {{\"g\": 32}}"
+    if not all(isinstance(k, str) and k != "eps" for k in row.get("sizes", {})):
+        return f"sizes is {row['sizes']!r}; expected split-axis names as keys (eps goes in the spec text)"
     try:
         row_spec(row).axis_sizes(tuple(shape))
     except NormcError as e:
@@ -1061,6 +1065,9 @@ def render(out_dir, kind="forward") -> tuple:
     try:
         text = markdown(result)
         return text, write_reports(result, out_dir, kind)
+    except OSError as e:
+        raise ArgumentError(f"--out {out_dir}: cannot write the reports ({e.strerror or e}: "
+                            f"{e.filename or out_dir})") from None
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
         what = f"no field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
         raise ArgumentError(f"{path}: not a {kind} run as normc bench writes it ({what})") from None

@@ -88,6 +88,8 @@ _ROW = {"family": "layer", "shape": [4, 8], "dtype": "float32", "memory_order": 
     (json.dumps({"rows": [{k: v for k, v in _ROW.items() if k != "spec"}]}), "row 0: spec is None; expected a string"),
     (json.dumps({"rows": [{**_ROW, "spec": "t d : norm ovr d"}]}), "row 0: missing 'over' after 'norm'"),
     (json.dumps({"rows": [{**_ROW, "shape": [4, 8, 2], "memory_perm": [0, 1, 2]}]}), "row 0: x has rank 3"),
+    (json.dumps({"rows": [{**_ROW, "sizes": {"eps": 1}}]}), "row 0: sizes is {'eps': 1}; expected split-axis names"),
+    ("[" * 100000 + "]" * 100000, "nested too deeply"),
 ])
 def test_cli_bench_bad_table_is_a_clear_error(tmp_path, capsys, text, msg):
     """A missing or malformed --table file: one normc error line naming the file (and the row), exit 2, before
@@ -119,6 +121,16 @@ def test_cli_render_malformed_json_is_a_clear_error(tmp_path, capsys, backward, 
     err = capsys.readouterr().err
     assert err.startswith(f"normc: error: {tmp_path / stem}.json") and msg.format(kind=kind) in err, err
     assert not (tmp_path / f"{stem}.md").exists()  # nothing written
+
+
+def test_cli_render_unwritable_report_is_a_clear_error(tmp_path, capsys):
+    """--render where the Markdown cannot be written (a directory in its place): a normc error naming --out,
+    exit 2 (it was an IsADirectoryError traceback, exit 1)."""
+    (tmp_path / "bench.json").write_text(json.dumps(_fake_result()))
+    (tmp_path / "bench.md").mkdir()
+    assert main(["bench", "--render", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"normc: error: --out {tmp_path}: cannot write the reports") and err.count("\n") == 1, err
 
 
 def test_drive_resume_of_a_malformed_json_is_a_clear_error(tmp_path):
