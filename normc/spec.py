@@ -514,7 +514,7 @@ def spec(text, /, *, eps: float = 1e-5, **sizes: int) -> Spec:
         text: the spec, e.g. ``'n (g k) h w : norm over k h w ; scale g k ; shift g k'`` (grammar in the
             module docstring).
         eps: epsilon added to the variance (``norm``) or mean square (``rms``); >= 0 and finite in float32 (at
-            most 3.4e38); a positive eps must not round to 0 in float32 (at least 1.4e-45).
+            most 3.4e38); a positive eps must not round to 0 in float32 (above 7.0e-46).
         **sizes: the extent of parts of split dims, e.g. ``g=32``; every split dim needs all but at most
             one of its parts given. (A part named ``eps`` cannot be sized this way; use ``Spec(...)``.)
 
