@@ -632,6 +632,10 @@ class BackwardPlan:
         """Multi-line summary: each reduction's strategy, tiling and launch, then why."""
         lines = [f"backward: {self.kept} rows x {self.reduced} elements, x {self.x_dtype}, dy {self.dy_dtype}, "
                  f"stat={self.stat}, workspace={self.workspace_floats} floats"]
+        if self.kept * self.reduced == 0:  # the runtime returns before any launch (as the forward's listing says)
+            lines.append("launch:   none (zero-size input: dx is empty; dscale and dshift, where asked for, are "
+                         "zeros)")
+            return "\n".join(lines)
         if self.fused is not None:
             lines.append(self.fused.describe())
             lines += [r.describe() for r in self.params]

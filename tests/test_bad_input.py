@@ -419,6 +419,10 @@ def test_cli_plan_of_an_empty_kept_axis(capsys):
     assert main(["plan", "n c : norm over n", "--shape", "4,0"]) == 0
     out = capsys.readouterr().out
     assert "0 reductions x 4 elements" in out and "launch:   none" in out
+    for shape in ("4,0", "0,4"):  # the backward's listing too (it printed grids of kernels it never launches)
+        assert main(["plan", "t d : norm over d ; scale d ; shift d", "--shape", shape, "--backward"]) == 0
+        out = capsys.readouterr().out
+        assert "launch:   none" in out and "grid=" not in out, out
 
 
 @pytest.mark.parametrize("spec,shape,perm", [
