@@ -711,7 +711,7 @@ def _peel_vec(p, dbytes, unit, vec) -> int:
 def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, peel_vec=0):
     axes = p.axes
     inner = axes[-1]
-    why_in = list(why)  # for the peeled re-plan
+    why_in, force_in = list(why), force  # for the peeled re-plan: the reasons and the request as they came
     staged = _staged_tiling(p, dbytes, unit) if force in (None, "staged") else None
     if force == "staged" and staged is None:
         why.append("the staged schedule needs one kept axis of contiguous rows of at most "
@@ -895,7 +895,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
     streaming = ("looped", "split", "coop")
     pv = 0 if peel_vec else _peel_vec(p, dbytes, unit, vec)
     if schedule in streaming and pv:
-        peeled = _plan_inner(p, common, dbytes, unit, why_in, force, csizes, peel_vec=pv)
+        peeled = _plan_inner(p, common, dbytes, unit, why_in, force_in, csizes, peel_vec=pv)
         if peeled.schedule in streaming:
             return peeled
     hints = _hints("inner", schedule, p.kept * p.reduced * dbytes["x"], why,

@@ -408,3 +408,13 @@ def test_negative_eps_without_equals_reaches_normcs_check(capsys):
     assert main(["plan", "t d : norm over d", "--shape", "2,8", "--eps", "-1e-5"]) == 2
     assert "expected a finite number >= 0" in capsys.readouterr().err
     assert main(["plan", "t d : norm over d", "--shape", "2,8", "--eps", "1e-6"]) == 0
+
+
+def test_forced_staged_not_honoured_on_a_peeled_plan_says_why(capsys):
+    """A forced staged schedule that does not apply says so, also where the plan is re-planned peeled (odd rows):
+    the peeled re-plan started from the request already dropped, and its why line was lost."""
+    for n in (10000000, 10000001):  # aligned rows, then peeled ones
+        assert main(["plan", "t d : norm over d", "--shape", f"4,{n}", "--schedule", "staged"]) == 0
+        out = capsys.readouterr().out
+        assert "staged schedule needs" in out and "not forced" in out, (n, out)
+        assert ("peeled" in out) == (n % 4 == 1)
