@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import numbers
 import os
 import re
 import threading
@@ -62,10 +63,11 @@ def arch_cc(arch) -> tuple:
     from ..errors import ArgumentError
 
     if isinstance(arch, tuple):
-        if not (len(arch) == 2 and all(type(a) is int for a in arch) and arch[0] > 0 and 0 <= arch[1] <= 9):
+        if not (len(arch) == 2 and all(isinstance(a, numbers.Integral) and not isinstance(a, bool) for a in arch)
+                and arch[0] > 0 and 0 <= arch[1] <= 9):
             raise ArgumentError(f"arch is {arch!r}; expected a compute capability such as 'sm_90' or (9, 0) "
                                 "(a major and a minor 0-9)")
-        cc = arch
+        cc = (int(arch[0]), int(arch[1]))
     else:
         m = re.fullmatch(r"(?:sm_|compute_)?(\d+)(\d)([af]?)", str(arch).strip())
         if not m:

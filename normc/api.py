@@ -92,6 +92,8 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
         SpecError: the spec text is invalid.
         ArgumentError: any other argument is invalid (shape, strides, out_strides that overlap, dtypes, layout,
             stats not a bool, arch, sms, aligns, schedule).
+        CompileError: a float16/bfloat16 dtype with an arch older than sm_80 (normc's 16-bit kernels need it),
+            as :func:`normc.compile` would refuse it.
     """
     from .spec import Spec, spec as parse
 
@@ -128,7 +130,9 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
     check_no_overlap(shape, out_strides, "out_strides")  # as the runtime refuses such an out
     prob = make_problem(spec, shape, strides, out_strides, x_dtype=dtype, out_dtype=out_dtype,
                         scale_dtype=scale_dtype, shift_dtype=shift_dtype, stats=stats, aligns=aligns)
-    from .lowering import arch_cc
+    from .lowering import arch_cc, check_16bit_target
 
     cc = arch_cc(arch)
-    return make_plan(prob, arch=f"sm_{cc[0]}{cc[1]}", sms=sms, schedule=schedule)
+    plan = make_plan(prob, arch=f"sm_{cc[0]}{cc[1]}", sms=sms, schedule=schedule)
+    check_16bit_target(plan, cc)  # as compiling it would refuse it
+    return plan

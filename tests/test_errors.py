@@ -340,7 +340,7 @@ def test_arch_forms_accepted_and_refused_alike_everywhere():
     simulator (which does not use arch), as float64 computes it."""
     from normc.lowering import arch_cc
 
-    for arch in (90, "90", "sm_90", "compute_90", (9, 0), np.int64(90)):
+    for arch in (90, "90", "sm_90", "compute_90", (9, 0), np.int64(90), (np.int64(9), np.int32(0))):
         assert arch_cc(arch) == (9, 0) and normc.plan(PLAIN, (2, 8), arch=arch).arch == "sm_90"
     for arch in ((9, 10), (9, -1), (0, 9), (True, 0), (9, 0, 0), (9.0, 0), 9.0, True, [9, 0]):
         with raises(ArgumentError, "arch", repr(arch), "expected a compute capability such as 'sm_90'"):
@@ -351,6 +351,18 @@ def test_arch_forms_accepted_and_refused_alike_everywhere():
     x64 = x.astype(np.float64)
     ref = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)
     assert np.abs(normc.compile(PLAIN, arch=90)(x) - ref).max() < 1e-5
+
+
+def test_plan_refuses_16bit_before_sm80_as_compile_does():
+    """normc.plan returned a float16 plan for sm_75 that normc.compile/ptx (and the CLI's plan) refuse: now the
+    same CompileError, naming the dtype and the target; float32 on sm_75 and float16 on sm_80 still plan."""
+    for dtype in ("float16", "bfloat16"):
+        with raises(normc.CompileError, dtype, "sm_75", "8.0"):
+            normc.plan(PLAIN, (2, 8), dtype, arch="sm_75")
+        with raises(normc.CompileError, dtype, "sm_75"):
+            normc.plan(PLAIN, (2, 8), "float32", out_dtype=dtype, arch=(7, 5))
+    assert normc.plan(PLAIN, (2, 8), "float32", arch="sm_75").arch == "sm_75"
+    assert normc.plan(PLAIN, (2, 8), "float16", arch="sm_80").arch == "sm_80"
 
 
 def test_arch_checked_under_numba_cudasim(tmp_path):
