@@ -614,7 +614,8 @@ class BackwardPlan:
         Raises:
             TypeError: ``text`` is not a str, bytes or bytearray.
             normc.ArgumentError: (a ValueError) ``text`` is not JSON, or not a backward plan's JSON object; the
-                message names the missing, unknown or malformed field.
+                message names the missing, unknown or malformed field (a value of the wrong type, a dtype or
+                statistic normc does not know, an eps :func:`normc.spec` refuses).
         """
         d = _json_object(text, cls, _WRITER)
         params = d["params"]

@@ -361,7 +361,8 @@ class Plan:
         Raises:
             TypeError: ``text`` is not a str, bytes or bytearray.
             normc.ArgumentError: (a ValueError) ``text`` is not JSON, or not a plan's JSON object; the
-                message names the missing, unknown or malformed field.
+                message names the missing, unknown or malformed field (a value of the wrong type, a dtype or
+                statistic normc does not know, an eps :func:`normc.spec` refuses).
         """
         d = _json_object(text, cls, "Plan.to_json()")
         d["axes"] = _axes_from_json(d["axes"], "text", "Plan.to_json()")
@@ -426,7 +427,43 @@ def _json_fields(d, cls, what, writer="Plan.to_json()") -> dict:
         [f"has unknown field(s) {', '.join(unknown)}"] if unknown else [])
     if problems:
         raise ArgumentError(f"{what} {' and '.join(problems)}; expected the JSON {writer} writes")
+    for f in fields(cls):
+        if f.name in d:
+            _check_json_value(d[f.name], f, what, writer)
     return dict(d)
+
+
+# JSON types of the plain field annotations of the plan dataclasses; other annotations (tuple, nested plans) are
+# read by their own readers
+_JSON_TYPES = {"int": int, "float": (int, float), "str": str, "bool": bool}
+_JSON_CHOICES = {"stat": ("norm", "rms"), "strategy": ("inner", "outer", "mixed"),
+                 **{n: ("float32", "float16", "bfloat16") for n in
+                    ("x_dtype", "out_dtype", "scale_dtype", "shift_dtype", "dy_dtype", "dx_dtype")}}
+
+
+def _check_json_value(v, f, what, writer):
+    """:class:`normc.ArgumentError` naming field ``f`` of ``what`` unless JSON value ``v`` has the field's
+    annotated type (bool is no int there), is one of its names (``_JSON_CHOICES``), or, for ``eps``, is an eps
+    :func:`normc.spec` accepts (the kernels would add a negative, NaN or float32-overflowing eps as is)."""
+    opts = [o.strip() for o in str(f.type).split("|")]
+    if v is None and "None" in opts:
+        return
+    known = [_JSON_TYPES[o] for o in opts if o in _JSON_TYPES]
+    if len(known) < len(opts) - ("None" in opts):
+        return  # a nested plan or tuple: its reader checks it
+    if not any(isinstance(v, t) and (t is bool or not isinstance(v, bool)) for t in known):
+        raise ArgumentError(f"{what}: {f.name} is {v!r}; expected {f.type}, as {writer} writes")
+    choices = _JSON_CHOICES.get(f.name) if "str" in opts else None  # Axis.stat is a stride, not a statistic
+    if choices and v is not None and v not in choices:
+        raise ArgumentError(f"{what}: {f.name} is {v!r}; expected one of {', '.join(map(repr, choices))}")
+    if f.name == "eps":
+        from .errors import SpecError
+        from .spec import _check_eps
+
+        try:
+            _check_eps(v)
+        except SpecError as e:
+            raise ArgumentError(f"{what}: {e}") from None
 
 
 def _json_object(text, cls, writer) -> dict:

@@ -408,12 +408,42 @@ def test_malformed_plan_json_names_what_is_wrong():
         (json.dumps({**good, "axes": [7]}), ["text: axes[0] holds a JSON int"]),
         (json.dumps(no_axis_x), ["text: axes[0] lacks Axis field(s) x;"]),
         (json.dumps({**good, "why": "a reason"}), ["text: why is 'a reason'", "list"]),
+        # field values were taken as they came: eps -1 or 'x', vec 2.5, stat 'mean' reached the lowering
+        (json.dumps({**good, "eps": -1.0}), ["text: eps must be a finite non-negative"]),
+        (json.dumps({**good, "eps": 1e-50}), ["text: eps 1e-50 rounds to 0 in float32"]),
+        (json.dumps({**good, "eps": 1e39}), ["text: eps 1e+39 is not finite in float32"]),
+        (json.dumps({**good, "eps": "x"}), ["text: eps is 'x'; expected float"]),
+        (json.dumps({**good, "vec": 2.5}), ["text: vec is 2.5; expected int"]),
+        (json.dumps({**good, "vec": True}), ["text: vec is True; expected int"]),
+        (json.dumps({**good, "stats": 1}), ["text: stats is 1; expected bool"]),
+        (json.dumps({**good, "stat": "mean"}), ["text: stat is 'mean'", "'norm', 'rms'"]),
+        (json.dumps({**good, "x_dtype": "float64"}), ["text: x_dtype is 'float64'", "'bfloat16'"]),
+        (json.dumps({**good, "axes": [{**good["axes"][0], "size": "4"}]}), ["text: axes[0]: size is '4'"]),
     ]
     for text, words in cases:
         with raises(ArgumentError, *words):
             normc.Plan.from_json(text)
     assert issubclass(ArgumentError, ValueError)
     assert normc.Plan.from_json(json.dumps(good)) == normc.plan(PLAIN, (4, 8))
+    assert normc.Plan.from_json(json.dumps({**good, "eps": 0, "stat": "rms"})).eps == 0  # an int eps is a float
+
+
+def test_malformed_backward_plan_json_values_are_named():
+    """BackwardPlan.from_json checks field values as Plan.from_json does (eps, dtypes, nested reductions)."""
+    import json
+
+    from normc.backward_plan import BackwardPlan
+    from normc.runtime.backward import plan_backward
+
+    bp = plan_backward(normc.spec("t d : norm over d ; scale d ; shift d"), (64, 40), "float32")
+    good = json.loads(bp.to_json())
+    assert BackwardPlan.from_json(json.dumps(good)) == bp
+    with raises(ArgumentError, "text: eps must be a finite non-negative"):
+        BackwardPlan.from_json(json.dumps({**good, "eps": -1e-5}))
+    with raises(ArgumentError, "text: dy_dtype is 'int8'"):
+        BackwardPlan.from_json(json.dumps({**good, "dy_dtype": "int8"}))
+    with raises(ArgumentError, "text: dx", "is 'many'; expected int"):
+        BackwardPlan.from_json(json.dumps({**good, "dx": {**good["dx"], "splits": "many"}}))
 
 
 def test_dtypes_as_numpy_objects_are_accepted_or_named():
