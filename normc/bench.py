@@ -1068,9 +1068,44 @@ def render(out_dir, kind="forward") -> tuple:
     except OSError as e:
         raise ArgumentError(f"--out {out_dir}: cannot write the reports ({e.strerror or e}: "
                             f"{e.filename or out_dir})") from None
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as e:
-        what = f"no field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
-        raise ArgumentError(f"{path}: not a {kind} run as normc bench writes it ({what})") from None
+    except _MALFORMED as e:
+        raise _malformed(path, kind, e) from None
+
+
+# what reading a recorded run with a field missing or of the wrong kind raises
+_MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+
+
+def _malformed(path, kind, e):
+    """The :class:`normc.ArgumentError` for a recorded run at ``path`` that reading failed on with ``e``."""
+    from .errors import ArgumentError
+
+    what = f"no field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+    return ArgumentError(f"{path}: not a {kind} run as normc bench writes it ({what})")
+
+
+def _resumable(path, kind) -> dict:
+    """The run recorded at ``path`` (:func:`load_result`), checked for what ``--resume`` reads from it before
+    any row runs: the first session's bandwidth, the sessions, each row's index and the reports of its rows.
+
+    Raises:
+        normc.ArgumentError: as :func:`load_result`, or a field is missing or of the wrong kind.
+    """
+    prev = load_result(path, kind)
+    try:
+        bw, sessions = prev["meta"]["bandwidth"], prev["meta"].get("sessions", [])
+        if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
+            raise ValueError(f"meta's bandwidth is {bw!r}; expected bytes per second > 0")
+        if not isinstance(sessions, list):
+            raise TypeError(f"meta's sessions is {sessions!r}; expected a list")
+        for r in prev["rows"]:
+            if isinstance(r["row"], bool) or not isinstance(r["row"], int):
+                raise TypeError(f"a row's index is {r['row']!r}; expected an int")
+        (summarize_backward if kind == "backward" else summarize)(prev["rows"])
+        markdown(prev)  # what the end of the run writes from these rows and the new ones
+    except _MALFORMED as e:
+        raise _malformed(path, kind, e) from None
+    return prev
 
 
 def write_reports(result, out_dir, kind=None) -> bool:
@@ -1117,7 +1152,7 @@ def drive(kind, tab, idx, bench_one, measure_bw, meta, *, out_dir=None, resume=F
     path = os.path.join(out_dir, stem + ".json") if out_dir else None
     done, sessions, prev = {}, [], None
     if resume and path and os.path.exists(path):
-        prev = load_result(path, kind)
+        prev = _resumable(path, kind)
         done = {r["row"]: r for r in prev["rows"]}
         sessions = prev.get("meta", {}).get("sessions", [])
     todo = [i for i in idx if i not in done]

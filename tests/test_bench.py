@@ -142,6 +142,36 @@ def test_drive_resume_of_a_malformed_json_is_a_clear_error(tmp_path):
     assert fake.ran == []
 
 
+@pytest.mark.parametrize("edit, words", [
+    (lambda r: r["meta"].pop("bandwidth"), "no field 'bandwidth'"),
+    (lambda r: r["meta"].update(bandwidth="fast"), "meta's bandwidth is 'fast'"),
+    (lambda r: r["meta"].update(sessions=3), "meta's sessions is 3"),
+    (lambda r: r["rows"][0].pop("row"), "no field 'row'"),
+    (lambda r: r["rows"][1].update(row="1"), "a row's index is '1'"),
+    (lambda r: r["rows"][0].pop("systems"), "no field 'systems'"),
+    (lambda r: r["rows"][2].update(floor_us="x"), "TypeError"),
+])
+def test_drive_resume_of_malformed_rows_or_meta_is_a_clear_error(tmp_path, edit, words):
+    """--resume on a bench.json whose meta or rows lack a field or hold one of the wrong kind raised a KeyError or
+    TypeError from the run loop (once the GPU setup was done); now a normc error naming the file, before any
+    row runs."""
+    res = _fake_result()
+    edit(res)
+    (tmp_path / "bench.json").write_text(json.dumps(res))
+    fake = _FakeBench()
+    with pytest.raises(normc.ArgumentError) as e:
+        bench.drive("forward", _table(4), [0, 1, 2, 3], fake.one, fake.measure, {"device": "FakeGPU"},
+                    out_dir=str(tmp_path), resume=True, progress=False)
+    assert str(e.value).startswith(f"{tmp_path / 'bench.json'}: not a forward run as normc bench writes it")
+    assert words in str(e.value), str(e.value)
+    assert fake.ran == []
+    res = _fake_result()  # unedited, it resumes: only row 3 runs
+    (tmp_path / "bench.json").write_text(json.dumps(res))
+    bench.drive("forward", _table(4), [0, 1, 2, 3], fake.one, fake.measure, {"device": "FakeGPU"},
+                out_dir=str(tmp_path), resume=True, progress=False)
+    assert fake.ran == [3]
+
+
 # ----------------------------------------------------------------------------------------------------------
 # normc bench --backward (and what it shares with the forward bench)
 
