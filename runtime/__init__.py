@@ -81,6 +81,8 @@ def _stream_handle(stream, kind, device=None):
         return 0
     if isinstance(stream, int):
         return stream
+    if _is_sim_stream(stream):  # the simulator runs each call to its end: no handle to order work on
+        return 0
     for attr in ("cuda_stream", "ptr"):
         if hasattr(stream, attr):
             return int(getattr(stream, attr))
@@ -99,9 +101,15 @@ def check_stream(stream):
     raw handle :func:`_stream_handle` can read (torch, CuPy, Numba, cuda.core streams)."""
     if stream is None or (isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0):
         return
-    if not any(hasattr(stream, a) for a in _STREAM_ATTRS):  # also a negative int or a bool
+    if not any(hasattr(stream, a) for a in _STREAM_ATTRS) and not _is_sim_stream(stream):  # also -1 or a bool
         raise ArgumentError(f"stream is {stream!r}; expected a CUDA stream object (torch, CuPy, Numba, "
                             f"cuda.core) or a non-negative int handle")
+
+
+def _is_sim_stream(stream) -> bool:
+    """Whether ``stream`` is a stream of Numba's CUDA simulator (``numba.cuda.stream()`` under
+    ``NUMBA_ENABLE_CUDASIM=1``): it has no raw handle, and the simulator needs none."""
+    return type(stream).__module__.startswith("numba.cuda.simulator")
 
 
 class _LaunchStream:

@@ -353,6 +353,33 @@ def test_arch_forms_accepted_and_refused_alike_everywhere():
     assert np.abs(normc.compile(PLAIN, arch=90)(x) - ref).max() < 1e-5
 
 
+def test_numba_simulator_stream_is_accepted_under_numba_cudasim(tmp_path):
+    """Under NUMBA_ENABLE_CUDASIM=1, ``numba.cuda.stream()`` is the simulator's stream, which has no raw handle:
+    it was refused as 'expected a CUDA stream object (torch, CuPy, Numba, ...)'. It is now accepted (the
+    simulator runs each call to its end), forward and backward, and the results are the float64 layer norm."""
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    code = ("import numpy as np, normc\nfrom numba import cuda\n"
+            "x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)\n"
+            "f = normc.compile('t d : norm over d')\ns = cuda.stream()\n"
+            "y, m, r = f(x, stream=s, return_stats=True)\n"
+            "dx = f.backward(np.ones_like(x), x, m, r, stream=s)[0]\n"
+            "x64 = x.astype(np.float64)\n"
+            "ref = (x64 - x64.mean(1, keepdims=True)) / np.sqrt(x64.var(1, keepdims=True) + 1e-5)\n"
+            "print(float(np.abs(np.asarray(y) - ref).max()), float(np.abs(np.asarray(dx)).max()))\n")
+    root = str(pathlib.Path(normc.__file__).resolve().parent.parent)
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1", NORMC_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    err_y, max_dx = map(float, out.stdout.split())
+    assert err_y < 1e-5 and max_dx < 1e-4  # dy = 1 everywhere: the layer norm's dx is 0
+
+
 def test_plan_refuses_16bit_before_sm80_as_compile_does():
     """normc.plan returned a float16 plan for sm_75 that normc.compile/ptx (and the CLI's plan) refuse: now the
     same CompileError, naming the dtype and the target; float32 on sm_75 and float16 on sm_80 still plan."""
