@@ -111,10 +111,21 @@ def _check_table_row(row):
     if not all(isinstance(k, str) and k != "eps" for k in row.get("sizes", {})):
         return f"sizes is {row['sizes']!r}; expected split-axis names as keys (eps goes in the spec text)"
     try:
-        row_spec(row).axis_sizes(tuple(shape))
+        sp = row_spec(row)
+        sp.axis_sizes(tuple(shape))
     except NormcError as e:
         return str(e).splitlines()[0]
+    fam = row["family"]
+    if fam == "group" and not isinstance(row.get("sizes", {}).get("g"), int):
+        return "family is 'group' but sizes gives no int g (torch's num_groups), e.g. {\"g\": 32}"
+    if fam in PEER_FAMILIES and sp.stat != ("rms" if fam == "rms" else "norm"):
+        return (f"family is {fam!r} but the spec's statistic is {sp.stat!r}; expected "
+                f"{'rms' if fam == 'rms' else 'norm'} (the peers run torch's {fam} norm)")
     return None
+
+
+# families with a torch op (torch_op) the peers run; a row of another family times normc alone
+PEER_FAMILIES = ("instance", "layer", "rms", "group", "batch")
 
 
 def load_table(path=None) -> list:
@@ -132,9 +143,9 @@ def load_table(path=None) -> list:
             return json.load(f)["rows"]
     table = _read_json(path, f"--table {path}")
     rows = table.get("rows") if isinstance(table, dict) else None
-    if not isinstance(rows, list):
-        raise ArgumentError(f"--table {path}: expected a JSON object whose \"rows\" is a list of workloads, as in "
-                            "normc/data/anchors.json")
+    if not isinstance(rows, list) or not rows:
+        raise ArgumentError(f"--table {path}: expected a JSON object whose \"rows\" is a non-empty list of "
+                            "workloads, as in normc/data/anchors.json")
     for i, row in enumerate(rows):
         bad = _check_table_row(row)
         if bad:

@@ -57,6 +57,8 @@ def test_table_file(tmp_path):
     p.write_text(json.dumps({"rows": [{"family": "layer", "shape": [4, 8], "dtype": "float32", "memory_order": "t d",
                                        "memory_perm": [0, 1], "spec": "t d : norm over d", "sizes": {}}]}))
     assert bench.load_table(str(p))[0]["shape"] == [4, 8]
+    p.write_text(json.dumps({"rows": [{**_ROW, "family": "custom", "spec": "t d : rms over d"}]}))
+    assert bench.load_table(str(p))[0]["family"] == "custom"  # no peer op: normc is timed alone
 
 
 def test_cli_bench_argument_errors(capsys):
@@ -79,7 +81,16 @@ _ROW = {"family": "layer", "shape": [4, 8], "dtype": "float32", "memory_order": 
 @pytest.mark.parametrize("text,msg", [
     (None, "cannot read it (No such file or directory)"),
     ("[1, 2", "not JSON (Expecting"),
-    ('{"a": 1}', 'expected a JSON object whose "rows" is a list of workloads'),
+    ('{"a": 1}', 'expected a JSON object whose "rows" is a non-empty list of workloads'),
+    ('{"rows": []}', 'expected a JSON object whose "rows" is a non-empty list'),  # was "0 rows (0--1)"
+    # a group row without g failed in the GPU run (KeyError building torch's group_norm); a layer row with an RMS
+    # spec compared normc's RMS norm against torch's layer norm
+    (json.dumps({"rows": [{**_ROW, "family": "group", "shape": [2, 8, 4], "memory_perm": [0, 1, 2],
+                           "spec": "n (g k) l : norm over k l", "sizes": {"k": 2}}]}),
+     "row 0: family is 'group' but sizes gives no int g"),
+    (json.dumps({"rows": [{**_ROW, "spec": "t d : rms over d"}]}),
+     "row 0: family is 'layer' but the spec's statistic is 'rms'; expected norm"),
+    (json.dumps({"rows": [{**_ROW, "family": "rms"}]}), "row 0: family is 'rms' but the spec's statistic is 'norm'"),
     (json.dumps({"rows": [1]}), "row 0: is a JSON int, not an object"),
     (json.dumps({"rows": [_ROW, {**_ROW, "shape": [4, -8]}]}),
      "row 1: shape is [4, -8]; expected a list of non-negative"),
