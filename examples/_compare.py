@@ -2,7 +2,22 @@
 compare outputs and gradients, time training steps (CUDA events). Needs a CUDA GPU and torch."""
 
 import copy
+import importlib.util
+import sys
 import time
+
+
+def require(script, skimage=False):
+    """Exit with one message naming everything ``script`` lacks (torch with a CUDA GPU; scikit-image if
+    ``skimage``) before it imports any of them, instead of failing on the first missing import."""
+    missing = [m for m, need in (("torch", True), ("scikit-image", skimage)) if need and
+               importlib.util.find_spec("skimage" if m == "scikit-image" else m) is None]
+    if missing:
+        sys.exit(f"{script} needs {' and '.join(missing)}: pip install {' '.join(missing)} (and a CUDA GPU)")
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit(f"{script} needs a CUDA GPU; torch sees none")
 
 
 def max_rel(a, b):

@@ -13,8 +13,11 @@ import argparse
 import sys
 
 import numpy as np
-import torch
-from torch import nn
+from _compare import require  # before torch: one message for everything missing
+
+require("style_transfer.py", skimage=True)
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 from _compare import compare_models
 

@@ -7,8 +7,11 @@ normalization layers alone (forward + backward times).
 
 import argparse
 
-import torch
-from torch import nn
+from _compare import require  # before torch: one message for everything missing
+
+require("transformer_block.py")
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 import normc.torch as nt
 from _compare import compare_models, max_rel, step_times

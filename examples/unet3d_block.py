@@ -7,8 +7,11 @@ gradient errors and the step times.
 
 import argparse
 
-import torch
-from torch import nn
+from _compare import require  # before torch: one message for everything missing
+
+require("unet3d_block.py")
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
 from _compare import compare_models
 
