@@ -116,10 +116,29 @@ def _plan_from_args(args):
                     schedule=getattr(args, "schedule", None))
 
 
-def _emit(text: str, path):
-    if path is None:
+def _stdout(text: str):
+    """Write ``text`` to standard output and flush it; a stdout that cannot take it (a full disk, a closed
+    stream) is a :class:`_UsageError` (exit 2), as a ``-o`` file that cannot be written is. A closed pipe is
+    left to :func:`main` (a quiet stop)."""
+    try:
+        if sys.stdout is None:
+            raise OSError("standard output is closed")
         sys.stdout.write(text)
         sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except (OSError, ValueError) as e:  # ValueError: I/O on a closed file
+        try:  # drop what is still buffered, so that the interpreter's flush at exit does not fail again
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (AttributeError, OSError, ValueError):
+            pass
+        raise _UsageError(f"cannot write standard output: {getattr(e, 'strerror', None) or e}") from None
+
+
+def _emit(text: str, path):
+    if path is None:
+        _stdout(text)
     else:
         try:
             with open(path, "w") as f:
@@ -267,14 +286,14 @@ def _cmd_bench(args) -> int:
         if not charted:
             print(f"normc bench: matplotlib is not installed: {stem}.png not written (pip install 'normc[bench]')",
                   file=sys.stderr)
-        sys.stdout.write(text)
+        _stdout(text)
         return 0
     if args.resume and not args.out:
         raise _UsageError(f"--resume needs --out (the directory holding the run's {stem}.json)")
     go = bench.run_backward if args.backward else bench.run
     result = go(table=args.table, rows=rows, systems=systems, out_dir=args.out, resume=args.resume, limit=limit,
                 budget_s=budget, jobs=jobs, compile_dynamic=args.compile_dynamic)
-    sys.stdout.write(bench.markdown(result))
+    _stdout(bench.markdown(result))
     return 0
 
 
@@ -283,8 +302,10 @@ def _cmd_cache(args) -> int:
 
     d = cache.cache_dir()
     if args.action == "dir":
-        print(d)
+        _stdout(f"{d}\n")
         return 0
+    if os.path.exists(d) and not os.path.isdir(d):
+        raise _UsageError(f"the cache directory {d} is not a directory (NORMC_CACHE_DIR names a file?)")
     try:  # only files named as the cache names them: anything else in the directory is not normc's
         names = cache.entry_names(temporary=args.action == "clear")
     except OSError as e:
@@ -299,17 +320,18 @@ def _cmd_cache(args) -> int:
                 pass
             except OSError as e:
                 raise _UsageError(f"cannot remove {os.path.join(d, f)}: {e.strerror or e}") from None
-        print(f"removed {n} cached kernel set(s) from {d}")
+        _stdout(f"removed {n} cached kernel set(s) from {d}\n")
         return 0
     entries = [(f, cache.load(f[:-len(".json")])) for f in names]
     bad = sum(payload is None for _, payload in entries)
-    print(f"{d}: {len(entries) - bad} cached kernel set(s)"
-          + (f", {bad} unreadable or corrupt (rebuilt when next needed)" if bad else ""))
+    lines = [f"{d}: {len(entries) - bad} cached kernel set(s)"
+             + (f", {bad} unreadable or corrupt (rebuilt when next needed)" if bad else "")]
     for f, payload in entries:
         if payload is not None:
             size = os.path.getsize(os.path.join(d, f))
-            print(f"  {f[:16]}  {size / 1024:8.1f} KiB  {len(payload['kernels'])} kernel(s)  "
-                  f"{payload.get('summary', '(no summary)')}")
+            lines.append(f"  {f[:16]}  {size / 1024:8.1f} KiB  {len(payload['kernels'])} kernel(s)  "
+                         f"{payload.get('summary', '(no summary)')}")
+    _stdout("\n".join(lines) + "\n")
     return 0
 
 

@@ -418,3 +418,41 @@ def test_forced_staged_not_honoured_on_a_peeled_plan_says_why(capsys):
         out = capsys.readouterr().out
         assert "staged schedule needs" in out and "not forced" in out, (n, out)
         assert ("peeled" in out) == (n % 4 == 1)
+
+
+class _FullStdout:
+    """A standard output on a full disk: every write raises ENOSPC, as /dev/full does."""
+
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+    def flush(self):
+        pass
+
+    def fileno(self):
+        raise ValueError("no file descriptor")
+
+
+@pytest.mark.parametrize("argv", [["plan", "t d : norm over d", "--shape", "4,16"],
+                                  ["plan", "t d : norm over d", "--shape", "4,16", "--json"],
+                                  ["cache", "list"], ["cache", "dir"]])
+@pytest.mark.parametrize("stdout", [_FullStdout(), None], ids=["full", "closed"])
+def test_unwritable_standard_output_is_a_normc_error(argv, stdout, monkeypatch, capsys):
+    """A standard output that cannot be written (a full disk, a closed stream) gave an OSError or AttributeError
+    traceback and exit 1; it is now one normc error line and exit 2, as for an -o file that cannot be written."""
+    monkeypatch.setattr("sys.stdout", stdout)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("normc: error: cannot write standard output: ") and err.count("\n") == 1, err
+    assert ("No space left on device" if stdout else "standard output is closed") in err
+
+
+def test_cache_dir_that_is_a_file_is_a_normc_error(tmp_path, monkeypatch, capsys):
+    """NORMC_CACHE_DIR naming a regular file: `normc cache list` said '0 cached kernel set(s)', exit 0."""
+    f = tmp_path / "file"
+    f.write_text("x")
+    monkeypatch.setenv("NORMC_CACHE_DIR", str(f))
+    for action in ("list", "clear"):
+        assert main(["cache", action]) == 2
+        assert "is not a directory" in capsys.readouterr().err
+    assert f.read_text() == "x"
