@@ -367,6 +367,7 @@ class Plan:
         d = _json_object(text, cls, "Plan.to_json()")
         d["axes"] = _axes_from_json(d["axes"], "text", "Plan.to_json()")
         d["why"] = _why_from_json(d)
+        _check_plan_values(d)
         return cls(**d)
 
     def describe(self) -> str:
@@ -439,6 +440,43 @@ _JSON_TYPES = {"int": int, "float": (int, float), "str": str, "bool": bool}
 _JSON_CHOICES = {"stat": ("norm", "rms"), "strategy": ("inner", "outer", "mixed"),
                  **{n: ("float32", "float16", "bfloat16") for n in
                     ("x_dtype", "out_dtype", "scale_dtype", "shift_dtype", "dy_dtype", "dx_dtype")}}
+
+
+# Plan fields that count threads, CTAs or multiprocessors: at least 1 in any plan the planner makes (grid and
+# per_thread are 0 for zero-size inputs); those of one strategy's tiling (the other's are 0)
+_PLAN_COUNTS = ("threads", "group", "splits", "sms", "cluster", "finish_splits")
+_PLAN_TILING = {"inner": ("tpr", "rows_per_cta"), "outer": ("nxc", "ry", "tile"), "mixed": ("nxc", "ry", "tile")}
+_PLAN_SCHEDULES = ("persistent", "staged", "looped", "split", "coop")
+
+
+def _check_plan_values(d):
+    """:class:`normc.ArgumentError` naming the field of a plan's JSON object ``d`` (types already checked) whose
+    value no plan has: an unknown schedule, a vector width other than 1, 2, 4 or 8, a negative int, a count of
+    threads or CTAs below 1 (:data:`_PLAN_COUNTS`, the strategy's :data:`_PLAN_TILING`), an arch
+    normc does not compile for, no axes, or kept/reduced sizes that are not the products of the axes'."""
+    if d["schedule"] not in _PLAN_SCHEDULES:
+        raise ArgumentError(f"text: schedule is {d['schedule']!r}; expected one of "
+                            f"{', '.join(map(repr, _PLAN_SCHEDULES))}")
+    if d["vec"] not in (1, 2, 4, 8):
+        raise ArgumentError(f"text: vec is {d['vec']!r}; expected 1, 2, 4 or 8 (elements per vector access)")
+    for name in _PLAN_COUNTS + _PLAN_TILING[d["strategy"]]:
+        if name in d and d[name] < 1:
+            raise ArgumentError(f"text: {name} is {d[name]!r}; expected an int >= 1 in an {d['strategy']} plan")
+    for name, v in d.items():
+        if isinstance(v, int) and not isinstance(v, bool) and v < 0:
+            raise ArgumentError(f"text: {name} is {v!r}; expected an int >= 0")
+    if not d["axes"]:
+        raise ArgumentError("text: axes is empty; expected the plan's canonical axes")
+    for name, red in (("kept", False), ("reduced", True)):
+        want = math.prod(a.size for a in d["axes"] if a.reduced == red)
+        if d[name] != want:
+            raise ArgumentError(f"text: {name} is {d[name]!r}; the {name} axes' sizes multiply to {want}")
+    from .lowering import arch_cc
+
+    try:
+        arch_cc(d["arch"])
+    except ArgumentError as e:
+        raise ArgumentError(f"text: {e}") from None
 
 
 def _check_json_value(v, f, what, writer):

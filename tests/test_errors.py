@@ -446,6 +446,17 @@ def test_malformed_plan_json_names_what_is_wrong():
         (json.dumps({**good, "stat": "mean"}), ["text: stat is 'mean'", "'norm', 'rms'"]),
         (json.dumps({**good, "x_dtype": "float64"}), ["text: x_dtype is 'float64'", "'bfloat16'"]),
         (json.dumps({**good, "axes": [{**good["axes"][0], "size": "4"}]}), ["text: axes[0]: size is '4'"]),
+        # ... and so were values no plan has (a new-user run: threads 0 gave a ZeroDivisionError in the lowering,
+        # schedule 'bogus' lowered a split's two kernels)
+        (json.dumps({**good, "schedule": "bogus"}), ["text: schedule is 'bogus'", "'persistent'"]),
+        (json.dumps({**good, "threads": 0}), ["text: threads is 0; expected an int >= 1 in an inner plan"]),
+        (json.dumps({**good, "tpr": 0}), ["text: tpr is 0; expected an int >= 1"]),
+        (json.dumps({**good, "vec": 3}), ["text: vec is 3; expected 1, 2, 4 or 8"]),
+        (json.dumps({**good, "grid": -5}), ["text: grid is -5; expected an int >= 0"]),
+        (json.dumps({**good, "cluster": 0}), ["text: cluster is 0"]),
+        (json.dumps({**good, "axes": []}), ["text: axes is empty"]),
+        (json.dumps({**good, "kept": 5}), ["text: kept is 5; the kept axes' sizes multiply to 4"]),
+        (json.dumps({**good, "arch": "sm_1"}), ["text: arch is 'sm_1'"]),
     ]
     for text, words in cases:
         with raises(ArgumentError, *words):
