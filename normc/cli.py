@@ -481,13 +481,13 @@ def _error_line(e: Exception) -> str:
 
 
 def _join_negative_values(argv):
-    """``--eps -1e-5`` -> ``--eps=-1e-5``: argparse reads a value that starts with '-' and is not a plain
-    negative number (an exponent, say) as an option and reports "expected one argument"; joined, the value
-    reaches normc's own check, which says what is expected."""
+    """``--eps -1e-5`` -> ``--eps=-1e-5`` (and ``--shape -2,3`` alike): argparse reads a value
+    that starts with '-' and is not a plain negative number (an exponent, a list) as an option and reports
+    "expected one argument"; joined, the value reaches normc's own check, which says what is expected."""
     out, i = [], 0
     while i < len(argv):
-        if argv[i] == "--eps" and i + 1 < len(argv) and re.match(r"-[\d.]", argv[i + 1]):
-            out.append(f"--eps={argv[i + 1]}")
+        if argv[i] in ("--eps", "--shape") and i + 1 < len(argv) and re.match(r"-[\d.]", argv[i + 1]):
+            out.append(f"{argv[i]}={argv[i + 1]}")
             i += 2
         else:
             out.append(argv[i])

@@ -408,6 +408,9 @@ def test_negative_eps_without_equals_reaches_normcs_check(capsys):
     assert main(["plan", "t d : norm over d", "--shape", "2,8", "--eps", "-1e-5"]) == 2
     assert "expected a finite number >= 0" in capsys.readouterr().err
     assert main(["plan", "t d : norm over d", "--shape", "2,8", "--eps", "1e-6"]) == 0
+    # --shape alike: a leading negative extent gave argparse's "expected one argument" (a new-user run)
+    assert main(["plan", "n c h w : norm over h w", "--shape", "-2,3,4,5"]) == 2
+    assert "--shape '-2,3,4,5': '-2' is not a non-negative integer" in capsys.readouterr().err
 
 
 def test_forced_staged_not_honoured_on_a_peeled_plan_says_why(capsys):
