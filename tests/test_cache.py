@@ -178,3 +178,20 @@ def test_tuned_schedule_is_used_by_later_compiles(cache_dir):
     assert next(iter(h._table.values())).plan.schedule == "looped"
     with pytest.raises(normc.ArgumentError, match="CUDA torch"):
         normc.autotune(spec, x, w, b)
+
+
+def test_import_turns_off_numba_message_colours_unless_set():
+    """`import normc` sets NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING=1 (Numba's colorama highlighting of the
+    thousands of messages its overload resolution discards costs a third of a kernel's compile), and keeps a
+    value the user set, the empty string included."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import os, normc; print(repr(os.environ['NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING']))"
+    for given, want in ((None, "'1'"), ("", "''"), ("0", "'0'")):
+        env = {k: v for k, v in os.environ.items() if k != "NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"}
+        if given is not None:
+            env["NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"] = given
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 and out.stdout.strip() == want, (given, out.stdout, out.stderr[-500:])
