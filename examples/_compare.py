@@ -10,8 +10,8 @@ import time
 def require(script, skimage=False):
     """Exit with one message naming everything ``script`` lacks (torch with a CUDA GPU; scikit-image if
     ``skimage``) before it imports any of them, instead of failing on the first missing import."""
-    missing = [m for m, need in (("torch", True), ("scikit-image", skimage)) if need and
-               importlib.util.find_spec("skimage" if m == "scikit-image" else m) is None]
+    needs = [("torch", "torch")] + ([("scikit-image", "skimage")] if skimage else [])  # (pip name, module)
+    missing = [name for name, module in needs if importlib.util.find_spec(module) is None]
     if missing:
         sys.exit(f"{script} needs {' and '.join(missing)}: pip install {' '.join(missing)} (and a CUDA GPU)")
     import torch

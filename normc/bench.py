@@ -118,9 +118,10 @@ def _check_table_row(row):
     fam = row["family"]
     if fam == "group" and not isinstance(row.get("sizes", {}).get("g"), int):
         return "family is 'group' but sizes gives no int g (torch's num_groups), e.g. {\"g\": 32}"
-    if fam in PEER_FAMILIES and sp.stat != ("rms" if fam == "rms" else "norm"):
-        return (f"family is {fam!r} but the spec's statistic is {sp.stat!r}; expected "
-                f"{'rms' if fam == 'rms' else 'norm'} (the peers run torch's {fam} norm)")
+    stat = "rms" if fam == "rms" else "norm"  # what torch's op of the family computes
+    if fam in PEER_FAMILIES and sp.stat != stat:
+        return (f"family is {fam!r} but the spec's statistic is {sp.stat!r}; expected {stat} (the peers run "
+                f"torch's {fam} norm)")
     return None
 
 

@@ -42,6 +42,8 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from .canonical import Axis
 from .errors import ArgumentError
+from .problem import DTYPES
+from .spec import STATS
 from .lowering.codegen import STREAM_THREADS_PER_SM  # the streaming kernels' launch bounds: grids are sized to them
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -437,9 +439,8 @@ def _json_fields(d, cls, what, writer="Plan.to_json()") -> dict:
 # JSON types of the plain field annotations of the plan dataclasses; other annotations (tuple, nested plans) are
 # read by their own readers
 _JSON_TYPES = {"int": int, "float": (int, float), "str": str, "bool": bool}
-_JSON_CHOICES = {"stat": ("norm", "rms"), "strategy": ("inner", "outer", "mixed"),
-                 **{n: ("float32", "float16", "bfloat16") for n in
-                    ("x_dtype", "out_dtype", "scale_dtype", "shift_dtype", "dy_dtype", "dx_dtype")}}
+_JSON_CHOICES = {"stat": STATS, "strategy": ("inner", "outer", "mixed"),
+                 **{n: DTYPES for n in ("x_dtype", "out_dtype", "scale_dtype", "shift_dtype", "dy_dtype", "dx_dtype")}}
 
 
 # Plan fields that count threads, CTAs or multiprocessors: at least 1 in any plan the planner makes (grid and
