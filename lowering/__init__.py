@@ -88,22 +88,23 @@ def arch_cc(arch) -> tuple:
 
 @functools.cache
 def supported_ccs() -> tuple:
-    """The compute capabilities the installed CUDA toolkit compiles for, ascending (Numba's list: it compiles
-    any other for the nearest older one of them; under NUMBA_ENABLE_CUDASIM=1, whose numba.cuda lacks it, the
-    same list from NVRTC through cuda.bindings); ``()`` when there is no toolkit to ask (no NVRTC), and then
+    """The compute capabilities the installed CUDA toolkit compiles for, ascending: NVRTC's list, the one
+    Numba's get_supported_ccs returns (Numba compiles any other for the nearest older one of them), asked
+    through cuda.bindings, else through Numba; ``()`` when there is no toolkit to ask (no NVRTC), and then
     :func:`arch_cc` checks the form and :data:`MIN_CC` only."""
+    try:  # without Numba's 0.3 s import of numba.cuda: a process whose kernels are all cached needs no Numba
+        from cuda.bindings import nvrtc
+
+        err, archs = nvrtc.nvrtcGetSupportedArchs()
+        if err == nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            return tuple(sorted((a // 10, a % 10) for a in archs))
+    except Exception:  # no cuda.bindings, or NVRTC missing or failing to load
+        pass
     try:
         from numba.cuda.cudadrv.nvrtc import get_supported_ccs
 
         return tuple(sorted(get_supported_ccs()))
     except Exception:  # ImportError, the simulator's module without it, or NVRTC missing or failing to load
-        pass
-    try:  # what Numba's get_supported_ccs asks
-        from cuda.bindings import nvrtc
-
-        err, archs = nvrtc.nvrtcGetSupportedArchs()
-        return tuple(sorted((a // 10, a % 10) for a in archs)) if err == nvrtc.nvrtcResult.NVRTC_SUCCESS else ()
-    except Exception:  # no cuda.bindings, or NVRTC missing or failing to load
         return ()
 
 

@@ -195,3 +195,62 @@ def test_import_turns_off_numba_message_colours_unless_set():
             env["NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING"] = given
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0 and out.stdout.strip() == want, (given, out.stdout, out.stderr[-500:])
+
+
+def _run_code(code, env=None, timeout=300):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_gpu_probe_versions_and_targets_do_not_import_numba():
+    """What a disk-cache hit asks before its first launch (is there a GPU, the cache key's NVVM version, the
+    targets the toolkit compiles for) is asked through cuda.bindings: importing numba.cuda costs a new process
+    about 0.3 s, a third of a 100 ms budget three times over, and only compiling needs it."""
+    code = ("import sys, normc\nfrom normc import runtime\nfrom normc.lowering import supported_ccs\n"
+            "runtime.gpu_available(); v = runtime.versions(); ccs = supported_ccs()\n"
+            "print(sorted(m for m in sys.modules if m == 'numba' or m.startswith('numba.')))\n"
+            "print(v['nvvm'], ccs)")
+    mods, answers = _run_code(code).splitlines()
+    assert mods == "[]"
+    from normc.lowering import supported_ccs
+    from numba.cuda.cudadrv.nvvm import NVVM
+
+    # the same answers Numba gives (the cache key must not change with the path that asked)
+    assert answers == f"{'.'.join(map(str, NVVM().get_version()))} {supported_ccs()}"
+
+
+def test_simulator_setting_read_without_numba():
+    """NUMBA_ENABLE_CUDASIM=1 makes gpu_available() False before numba is imported (normc then runs on the
+    simulator); 0 and a value Numba would ignore do not."""
+    import os
+
+    code = "import sys, normc.runtime as r\nprint(r._cudasim(), 'numba' in sys.modules)"
+    for value, want in (("1", "True False"), ("0", "False False"), ("yes", "False False")):
+        env = dict(os.environ, NUMBA_ENABLE_CUDASIM=value)
+        assert _run_code(code, env).strip() == want, value
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    assert _run_code("import normc.runtime as r\nprint(r.gpu_available())", env).strip() == "False"
+
+
+@pytest.mark.gpu
+def test_disk_cache_hit_launches_without_numba(tmp_path):
+    """A new process whose kernels are in the disk cache plans, loads and launches them without importing
+    Numba (issue 3, part 4: the first launch of such a process within 100 ms; tests/gpu_compile_time.py times
+    it). The output is checked against float64."""
+    import os
+
+    code = ("import sys, torch, numpy as np, normc\n"
+            "x = torch.randn(64, 1000, device='cuda'); w = torch.randn(1000, device='cuda')\n"
+            "y = normc.compile('t d : norm over d ; scale d')(x, w); torch.cuda.synchronize()\n"
+            "xd = x.double().cpu().numpy(); m = xd.mean(1, keepdims=True); v = xd.var(1, keepdims=True)\n"
+            "ref = (xd - m) / np.sqrt(v + 1e-5) * w.double().cpu().numpy()\n"
+            "print(float(np.abs(y.double().cpu().numpy() - ref).max()), 'numba' in sys.modules)")
+    env = dict(os.environ, NORMC_CACHE_DIR=str(tmp_path))
+    first = _run_code(code, env).split()  # compiles (imports Numba) and fills the cache
+    again = _run_code(code, env).split()
+    assert float(first[0]) < 1e-4 and first[1] == "True"
+    assert float(again[0]) < 1e-4 and again[1] == "False"
