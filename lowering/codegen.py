@@ -1818,7 +1818,7 @@ class _Outer(_Kernel):
         W = V
         NS = T // W
         YT = p.threads // W
-        U = LOOP_UNROLL
+        U = min(LOOP_UNROLL, -(-S // YT))  # slots past the S splits are always masked off: not emitted
         self.shared = 0
         g = _Src()
         self.prologue(g, "normc_outer_stats")
@@ -1931,7 +1931,9 @@ class _Outer(_Kernel):
         # kernel 3, keeps the merge O(splits) per column.
         V = self.V
         ab = 3 * P  # offset of the a, b table in the workspace
-        U = LOOP_UNROLL  # splits merged per loop trip: their loads are independent and issued together
+        # splits merged per loop trip: their loads are independent and issued together; slots past the S splits
+        # (k0 + u * ry >= S for every y-thread) are always masked off and not emitted
+        U = min(LOOP_UNROLL, -(-S // p.ry))
         self.shared = 0
         g = _Src()
         self.setup(g, "normc_outer_stats", splits=1)
