@@ -38,6 +38,9 @@ class LoweredKernel:
             CTAs, no more than are co-resident (see :class:`normc.lowering.codegen.KernelSource`).
         pdl: launch as a programmatic dependent of the plan's previous kernel (programmatic stream
             serialization); the kernel waits for that one before touching memory.
+        cubin: ``ptx`` assembled for the target by nvJitLink when lowering already did so (the launch-bound
+            check of :func:`_bound_occupancy` kept the bound), else None. Its code is what a fresh link
+            of ``ptx`` gives; only the toolkit note recording ptxas' options (``-v``) differs.
     """
 
     ptx: str
@@ -50,6 +53,7 @@ class LoweredKernel:
     cluster: int = 1
     coop: bool = False
     pdl: bool = False
+    cubin: bytes | None = None
 
 
 def arch_cc(arch) -> tuple:
@@ -131,20 +135,24 @@ def _signature(ptypes):
 
 
 def _bound_occupancy(ptx, min_ctas, cc, max_spill=0):
-    """``ptx`` with the launch bound ``.minnctapersm min_ctas`` (ptxas then keeps registers at or under
-    64K / (min_ctas x block)) when that assembles spilling at most ``max_spill`` bytes (stores, loads and
-    stack each); else ``ptx`` unchanged, its occupancy whatever its registers give. The directive is added
-    to the text rather than asked of Numba, so trying the bound costs one ptxas run (tens of ms), not a
-    second Numba compile (seconds). Spills were seen at the 64-register bound: 8 bytes in a float32 outer
-    partial kernel that used 64 registers unbounded."""
+    """``(ptx, cubin)``: ``ptx`` with the launch bound ``.minnctapersm min_ctas`` (ptxas then keeps registers
+    at or under 64K / (min_ctas x block)) and its cubin when that assembles spilling at most ``max_spill``
+    bytes (stores, loads and stack each); else ``ptx`` unchanged and None, its occupancy whatever its
+    registers give. The directive is added to the text rather than asked of Numba, so trying the bound costs
+    one ptxas run (tens of ms), not a second Numba compile (seconds); a kept bound's cubin is returned so
+    that the runtime does not assemble the same PTX again (60-70 ms a kernel of a 3-kernel split). Spills
+    were seen at the 64-register bound: 8 bytes in a float32 outer partial kernel that used 64 registers
+    unbounded."""
     bounded, n = re.subn(r"(\.maxntid[^\n]*\n)", rf"\1.minnctapersm {min_ctas}\n", ptx, count=1)
     if n != 1:
-        return ptx
+        return ptx, None
     try:
-        use = assemble(bounded, f"sm_{cc[0]}{cc[1]}")[1]
+        cubin, use = assemble(bounded, f"sm_{cc[0]}{cc[1]}")
     except Exception:  # no nvJitLink here, or it refused the PTX: the unbounded kernel is still correct
-        return ptx
-    return ptx if max(use.spill_stores, use.spill_loads, use.stack) > max_spill else bounded
+        return ptx, None
+    if max(use.spill_stores, use.spill_loads, use.stack) > max_spill:
+        return ptx, None
+    return bounded, cubin
 
 
 # Call typing memoized while normc compiles (set NORMC_TYPING_MEMO=0 to compile without it).
@@ -264,13 +272,14 @@ def compile_source(ks: KernelSource, cc) -> LoweredKernel:
         raise CompileError(f"compiling {ks.name} failed: {e}\n--- source ---\n{ks.source}") from e
     if ".extern" in ptx:
         raise CompileError(f"PTX of {ks.name} has unresolved .extern declarations")
+    cubin = None
     if ks.min_ctas:
-        ptx = _bound_occupancy(ptx, ks.min_ctas, cc, ks.max_spill)
+        ptx, cubin = _bound_occupancy(ptx, ks.min_ctas, cc, ks.max_spill)
     entries = re.findall(r"\.visible\s+\.entry\s+([\w$]+)\s*\(", ptx)
     if len(entries) != 1:
         raise CompileError(f"PTX of {ks.name} has {len(entries)} entries; expected 1")
     return LoweredKernel(ptx, entries[0], ks.grid, ks.block, ks.shared_bytes, ks.pointer_types, ks.source,
-                         ks.cluster, ks.coop, ks.pdl)
+                         ks.cluster, ks.coop, ks.pdl, cubin)
 
 
 # The oldest target normc's 16-bit kernels assemble for: they round float32 pairs with cvt.rn.{f16,bf16}x2.f32

@@ -803,7 +803,7 @@ def compiled_kernels(plan, cc) -> list:
 
         kernels = []
         for k in lower(plan, arch=cc):
-            kernels.append({"ptx": k.ptx, "cubin": gpu.link_cubin(k.ptx, cc), "entry": k.entry,
+            kernels.append({"ptx": k.ptx, "cubin": k.cubin or gpu.link_cubin(k.ptx, cc), "entry": k.entry,
                             "grid": k.grid, "block": k.block, "shared_bytes": k.shared_bytes,
                             "cluster": k.cluster, "coop": k.coop, "pdl": k.pdl})
         summary = (f"{plan.strategy}/{plan.schedule} {plan.kept}x{plan.reduced} {plan.x_dtype} stat={plan.stat} "

@@ -219,7 +219,7 @@ def compiled_backward_kernels(plan, cc) -> list:
     if payload is None:
         from ..lowering import lower_backward
 
-        kernels = [{"ptx": k.ptx, "cubin": gpu.link_cubin(k.ptx, cc), "entry": k.entry, "grid": k.grid,
+        kernels = [{"ptx": k.ptx, "cubin": k.cubin or gpu.link_cubin(k.ptx, cc), "entry": k.entry, "grid": k.grid,
                     "block": k.block, "shared_bytes": k.shared_bytes, "cluster": k.cluster, "pdl": k.pdl}
                    for k in lower_backward(plan, arch=cc)]
         payload = {"kernels": kernels, "summary": f"backward {plan.kept}x{plan.reduced} {plan.x_dtype} "

@@ -166,6 +166,30 @@ def test_mixed_split_fills_one_wave():
         assert ".minnctapersm 4" in k.ptx and use.registers <= 64, (k.entry, use.registers)
 
 
+def test_bounded_kernels_carry_their_cubin(monkeypatch, tmp_path):
+    """The launch-bound check assembles a bounded kernel already: lower() hands that cubin on (the same
+    bytes a fresh assemble gives) and the runtime's compiled_kernels stores it without linking again; an
+    unbounded kernel has no cubin and is linked by the runtime."""
+    from normc import runtime
+    from normc.runtime import gpu
+
+    r = ROWS[54]
+    plan = plan_for(_row_spec(r), r["shape"], r["dtype"], layout=r["memory_perm"])
+    ks = lower(plan)
+    assert [".minnctapersm" in k.ptx for k in ks] == [k.cubin is not None for k in ks] == [True, False, True]
+    for k in ks:
+        if k.cubin is not None:
+            assert k.cubin == assemble(k.ptx)[0]
+    linked = []
+    monkeypatch.setenv("NORMC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(runtime, "_kernel_memo", {})
+    monkeypatch.setattr(gpu, "link_cubin", lambda ptx, cc: linked.append(ptx) or b"linked")
+    got = runtime.compiled_kernels(plan, (9, 0))
+    assert len(linked) == 1 and "normc_outer_stats" in linked[0]  # Numba numbers its entries per compile
+    assert [g["cubin"] is not None and g["cubin"] != b"linked" for g in got] == [True, False, True]
+    assert got[1]["cubin"] == b"linked"
+
+
 FORCED = [
     ("t d : norm over d ; scale d ; shift d", (64, 4096), "bfloat16", None),
     ("t d : rms over d ; scale d", (8, 8192), "float16", None),
