@@ -90,6 +90,9 @@ SHIFTED_SUMS = 1
 # Split, column-major second kernel (layer/RMS norm): at most this many rows, whose means and factors it
 # keeps in shared memory (3 floats each); split plans have fewer rows than SMs unless forced.
 FINISH_COLUMNS_MAX_ROWS = 1024
+# Threads per CTA of the inner split's middle kernel (a thread per row merges its partials: flat normalize
+# kernels only, planner INNER_FINISH_TRIPS).
+STATS_THREADS = 256
 # CTAs of the kernel that zeroes the coop schedule's arrival counters (one per reduction; coop plans have
 # fewer reductions than SMs, so one CTA's loop is enough).
 COUNTER_ZERO_GRID = 1
@@ -1162,6 +1165,8 @@ class _Inner(_Kernel):
         self.shared = 0
         if self._row_shared_params() and not self.peel:  # peeled rows do not share their vectors' alignment
             return [k1, self._finish_columns(S)]
+        if p.finish_splits > 1:
+            return [k1, self._row_stats(S), self._flat_finish(S, p.finish_splits)]
         g = _Src()
         self.prologue(g, "normc_inner_finish", reverse_grid=p.grid)
         g("lane = tid")
@@ -1171,6 +1176,65 @@ class _Inner(_Kernel):
         self._merge_and_normalize(g, S, L, reverse=True)  # the split's re-read: where kernel 1 ended (stream_loop)
         k2 = KernelSource("normc_inner_finish", g.text(), p.grid, p.threads, self.shared, self.ptypes())
         return [k1, k2]
+
+    def _merge_row_partials(self, g, S, write_cond):
+        """One thread merges row ``row``'s S partials in split order (Chan; rms: the sum of squares, ``q``),
+        then :meth:`finish_stats` (mean and rstd written where ``write_cond``): the same bits as
+        :meth:`_merge_and_normalize` gives every CTA of the row only when S == 1 (that one merges in a tree)."""
+        g("n = F32(0.0)")
+        g("mean = F32(0.0)")
+        g("m2 = F32(0.0)")
+        with g.block(f"for k in range({S}):"):
+            g(f"wi = (row * {S} + k) * 3")
+            if self.p.stat == "norm":
+                _chan(g, "n", "mean", "m2", "ld1_f32(wp, wi)", "ld1_f32(wp, wi + 1)", "ld1_f32(wp, wi + 2)")
+            else:
+                g("m2 = m2 + ld1_f32(wp, wi + 2)")
+        if self.p.stat == "norm":
+            g("mean = mean + pvs" if self.scaled else "mean = mean + pv")
+        else:
+            g("q = m2")
+        self.finish_stats(g, write_cond)
+
+    def _row_factor(self):
+        """The name of the per-row factor emit_row_affine starts from: ``ra`` (scaled norm), else ``rstd``."""
+        return "ra" if self.scaled and self.p.stat == "norm" else "rstd"
+
+    def _row_stats(self, S):
+        """Split with a flat normalize kernel, middle kernel: thread ``row`` merges the row's S partials in
+        split order (Chan; rms: the sum of squares), writes mean and rstd (stats), and puts the normalize
+        kernel's mean and factor (:meth:`_row_factor`) in the workspace after the partials."""
+        K = self.p.kept
+        T = STATS_THREADS
+        g = _Src()
+        self.prologue(g, "normc_inner_stats")
+        with g.block(f"if bid * {T} + tid < {K}:"):
+            self.row_setup(g, f"bid * {T} + tid", False)
+            self._merge_row_partials(g, S, "True")
+            g(f"st1_f32(wp, {3 * K * S} + row * 2, mean)")
+            g(f"st1_f32(wp, {3 * K * S} + row * 2 + 1, {self._row_factor()})")
+        return KernelSource("normc_inner_stats", g.text(), -(-K // T), T, 0, self.ptypes())
+
+    def _flat_finish(self, S, F):
+        """Split with a flat normalize kernel, last kernel: each split's slice over F CTAs; CTA bid normalizes
+        slice bid % (S * F) of row bid // (S * F) with the row's mean and factor from the middle kernel (the
+        peeled row's edges by its first CTA), walking the grid last-first (where the partial kernel ended)."""
+        p = self.p
+        SF = S * F
+        g = _Src()
+        self.prologue(g, "normc_inner_finish", reverse_grid=p.grid * F)
+        g("lane = tid")
+        g("rloc = 0")
+        g(f"sp_ = bid % {SF}")
+        self.row_setup(g, f"bid // {SF}", False)
+        g(f"mean = ld1_f32(wp, {3 * p.kept * S} + row * 2)")
+        g(f"{self._row_factor()} = ld1_f32(wp, {3 * p.kept * S} + row * 2 + 1)")
+        L = -(-self.NC // SF)
+        g(f"lo = sp_ * {L}")
+        g(f"hi = min(lo + {L}, {self.nvec})")
+        var = self._normalize_loop(g, "lo", "hi", self.TPR, reverse=True)
+        self.emit_edge_normalize(g, var, "lane == 0 and sp_ == 0")
+        return KernelSource("normc_inner_finish", g.text(), p.grid * F, p.threads, 0, self.ptypes())
 
     def _row_shared_params(self):
         """Whether every present affine vector varies along the reduction and not across rows (layer/RMS norm
@@ -1200,20 +1264,7 @@ class _Inner(_Kernel):
             self.smem(g, "sSc", K)
         with g.block(f"for r in range({'tid'}, {K}, {p.threads}):"):
             self.row_setup(g, "r", False)
-            g("n = F32(0.0)")
-            g("mean = F32(0.0)")
-            g("m2 = F32(0.0)")
-            with g.block(f"for k in range({S}):"):
-                g(f"wi = (row * {S} + k) * 3")
-                if p.stat == "norm":
-                    _chan(g, "n", "mean", "m2", "ld1_f32(wp, wi)", "ld1_f32(wp, wi + 1)", "ld1_f32(wp, wi + 2)")
-                else:
-                    g("m2 = m2 + ld1_f32(wp, wi + 2)")
-            if p.stat == "norm":
-                g("mean = mean + pvs" if self.scaled else "mean = mean + pv")
-            else:
-                g("q = m2")
-            self.finish_stats(g, "bid == 0")
+            self._merge_row_partials(g, S, "bid == 0")
             self.emit_row_affine(g)
             g("sMe[r] = mean")
             g("sA[r] = a")
@@ -1997,8 +2048,9 @@ class _Outer(_Kernel):
 
 def generate(plan) -> list[KernelSource]:
     """Python sources of the kernels for ``plan``, in launch order: 1 kernel; for split schedules 2 (inner:
-    partial statistics, merge + normalize) or 3 (outer/mixed: partial statistics, merge per column tile,
-    normalize); for coop 2 (zero the arrival counters, the cooperative kernel)."""
+    partial statistics, merge + normalize; 3 when ``plan.finish_splits`` > 1: partial statistics, merge per
+    row, flat normalize) or 3 (outer/mixed: partial statistics, merge per column tile, normalize); for coop 2
+    (zero the arrival counters, the cooperative kernel)."""
     if plan.strategy == "inner":
         k = _Inner(plan)
         if plan.schedule == "persistent":
@@ -2047,6 +2099,6 @@ def _streaming(kernels):
     """Launch bounds for the streaming kernels of looped and split schedules: STREAM_THREADS_PER_SM threads
     resident per SM. The outer/mixed split's middle kernel (one CTA per column tile, a small grid) is left
     uncapped: the mixed one holds a tile's group table and needs up to 128 registers."""
-    return [ks if ks.name == "normc_outer_stats" else
+    return [ks if ks.name in ("normc_outer_stats", "normc_inner_stats") else
             replace(ks, min_ctas=max(1, STREAM_THREADS_PER_SM // ks.block), max_spill=STREAM_MAX_SPILL)
             for ks in kernels]

@@ -142,6 +142,20 @@ OUTER_SPLIT_CTAS_PER_SM = 2
 OUTER_FINISH_SPLITS = 8
 # The same for the mixed strategy (NHWC group norm), whose split shares the outer kernels.
 MIXED_FINISH_SPLITS = 1
+# Inner split, normalize kernel as a flat grid: where a split's slice is at least INNER_FLAT_MIN_TRIPS loop
+# trips (TPR x per_thread vectors each), three kernels instead of two: the partial statistics; a middle
+# kernel merging each row's partials once (a thread per row) into its mean and factor; a normalize kernel of
+# Plan.finish_splits CTAs per split, each INNER_FINISH_TRIPS trips, with nothing to merge. (Two kernels: each
+# CTA of the second merges its row's partials, then loops over the split's whole slice.) A pointwise
+# kernel over 1 GB float32 on an H100 (Triton, 2026-12-06): one tile per CTA 725 us, 264-1056 CTAs each
+# looping over a contiguous slice 775-778, grid-stride 766-769, torch's copy 716: a streaming loop per CTA
+# costs about 7%. Measured on the H100 (tests/gpu_sweep.py, 2026-12-06, one run; trips 0 (two kernels) / 1 /
+# 4 / 16), us: NCDHW instance norm float32 (2, 64, 128^3) 1113.8 / 1065.8 / 1077.0 / 1100.4, (4, 32, 128^3)
+# 1117.0 / 1065.3 / 1076.8 / 1099.9, (2, 32, 128^3) 568.0 / 541.5 / 546.1 / 558.7, float16 (2, 32, 128^3)
+# 286.4 / 276.2 / 279.1 / 283.3 (slices of 128, 128, 64 and 32 trips). Shorter slices keep two kernels: the
+# middle kernel's launch and merge (a few us) are unmeasured against them.
+INNER_FINISH_TRIPS = 1
+INNER_FLAT_MIN_TRIPS = 16
 # Inner split: the grid (rows x splits) is sized in waves of resident CTAs (STREAM_THREADS_PER_SM / 512 per
 # SM): the fewest waves, at least SPLIT_MIN_WAVES, in which rows x splits fills at least SPLIT_MIN_FILL of
 # the slots. Before, splits = ceil(4 x SMs / rows) gave 2.2-4.4 waves (64 rows: 576 CTAs for 264 slots, the
@@ -281,7 +295,9 @@ class Plan:
             each row's first values up to a vector boundary and its last values after its last whole vector
             are handled one at a time by one thread, the rest as aligned vectors.
         finish_splits: outer/mixed split: CTAs of the normalize (third) kernel per split CTA, each
-            normalizing 1/finish_splits of the split's rows (``OUTER_FINISH_SPLITS``); else 1.
+            normalizing 1/finish_splits of the split's rows (``OUTER_FINISH_SPLITS``); inner split: > 1
+            gives three kernels, the last a flat normalize grid of finish_splits CTAs per split
+            (``INNER_FINISH_TRIPS``); else 1.
         cache_hints: L2 cache hints of the schedules that read x twice (looped, split, coop; ignored by
             persistent ones): 0 none; 1 x's last read and y's stores evict-first (``ld/st.global.cs``), so L2
             keeps the lines of x the second pass has yet to read; 2 also the first read of x evict-last.
@@ -340,8 +356,8 @@ class Plan:
             return 3 * self.kept * self.splits + self.kept  # partial (n, mean, m2) per split, a counter per row
         if self.schedule != "split":
             return 0
-        if self.strategy == "inner":
-            return 3 * self.kept * self.splits
+        if self.strategy == "inner":  # partials; a flat normalize kernel (finish_splits > 1): mean, factor per row
+            return 3 * self.kept * self.splits + (2 * self.kept if self.finish_splits > 1 else 0)
         cols = self.grid // self.splits * self.tile  # (kept-outer x tiles) x tile columns
         return 3 * cols * self.splits + 3 * cols  # partial (n, mean, m2) per split, then a, b, c per column
 
@@ -401,7 +417,8 @@ class Plan:
         if self.schedule == "coop":
             lines.append(f"coop:     cooperative grid of up to {self.grid} co-resident CTAs, "
                          f"{self.grid // self.splits} reductions in flight; counters zeroed by a first tiny kernel")
-        nk = {"split": 2 if self.strategy == "inner" else 3, "coop": 2}.get(self.schedule, 1)
+        nk = {"split": 2 if self.strategy == "inner" and self.finish_splits == 1 else 3,
+              "coop": 2}.get(self.schedule, 1)
         if self.kept * self.reduced == 0:
             lines.append("launch:   none (zero-size input: nothing to compute)")
         else:
@@ -812,6 +829,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
     elif vec > 1:
         why.append(f"vec={vec}: {vec * dbytes['x']} B accesses (run {inner.size}, pointers and strides aligned)")
     nc = p.reduced // vec  # vectors per row
+    finish = 1  # split: CTAs of the normalize kernel per split (INNER_FINISH_TRIPS)
     K = p.kept
     sms = common["sms"]
     cluster = 1
@@ -958,6 +976,11 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
                    f"({STREAM_THREADS_PER_SM} threads per SM)")
         threads, rpc = tpr, 1
         grid = K * splits
+        if -(-nc // splits) >= tpr * per * INNER_FLAT_MIN_TRIPS and not _row_shared_affine(p):
+            finish = max(1, int(-(-nc // splits) // (tpr * per * INNER_FINISH_TRIPS)))
+            if finish > 1:
+                why.append(f"each row's partials merged once by a middle kernel; normalize kernel over {finish} "
+                           f"CTAs per split ({grid * finish} CTAs, about {INNER_FINISH_TRIPS} loop trips each)")
     else:
         splits = 1
         if tpr >= CTA_THREADS or cluster > 1:
@@ -982,8 +1005,19 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
         shift_vec=not peel_vec and _param_vec(p, axes, vec, dbytes, "shift", blk),
         threads=threads, tpr=tpr, rows_per_cta=rpc, nxc=0, ry=0, tile=0, group=1,
         per_thread=per, splits=splits, grid=grid, cluster=cluster, cache_hints=hints, why=tuple(why),
-        peel=bool(peel_vec), **common,
+        peel=bool(peel_vec), finish_splits=finish, **common,
     )
+
+
+def _row_shared_affine(p) -> bool:
+    """Whether an inner split's second kernel is the column-major one (codegen ``_Inner._row_shared_params``):
+    scale and shift (those present) vary along the row, are the same for every row, and there are at most
+    FINISH_COLUMNS_MAX_ROWS rows (1024). It ignores Plan.finish_splits (its CTAs each take a column slice
+    of every row)."""
+    present = [w for w in ("scale", "shift") if getattr(p, f"{w}_dtype") is not None]
+    return (bool(present) and p.kept <= 1024
+            and all(any(a.stride(w) for a in p.axes if a.reduced) for w in present)
+            and all(a.stride(w) == 0 for w in present for a in p.axes if not a.reduced))
 
 
 def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUSTER_SIZES):

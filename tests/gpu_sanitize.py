@@ -37,6 +37,12 @@ CASES = [
     # per-row parameters: the row-wise second kernel (layer norm above takes the column-major one)
     ("inner-split-instance", "n c h w : norm over h w ; scale c ; shift c", {}, (2, 3, 97, 101), None,
      "float16", "split"),
+    # flat normalize kernel (planner constants for this case): partials, a middle kernel merging each row's
+    # partials, then several normalize CTAs per split reading the row's mean and factor; odd rows (peeled)
+    ("inner-split-flat", "n c h w : norm over h w ; scale c ; shift c", {}, (2, 3, 97, 101), None, "float32",
+     "split", {"INNER_FLAT_MIN_TRIPS": 0, "INNER_FINISH_TRIPS": 0.1}),
+    ("inner-split-flat-bf16", "n c l : rms over l ; scale c", {}, (2, 2, 40000), None, "bfloat16", "split",
+     {"INNER_FLAT_MIN_TRIPS": 0, "INNER_FINISH_TRIPS": 0.1}),
     # cooperative grid: CTAs spin on per-row arrival counters
     ("inner-coop", "t d : norm over d ; scale d ; shift d", {}, (3, 30001), None, "float32", "coop"),
     ("inner-coop-bf16", "t d : rms over d ; scale d", {}, (5, 40000), None, "bfloat16", "coop"),

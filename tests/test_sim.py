@@ -6,6 +6,7 @@ that actually ran (``f._table`` entries' ``.plan``) is asserted so each case cov
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -36,6 +37,7 @@ from conftest import (
 )
 
 RMS = normc.spec(RMS_TEXT, eps=1e-6)
+ROW_SCALE = "t d : norm over d ; scale t ; shift d"  # a per-row scale before a shift along the row
 
 
 def _spec(s, **sizes):
@@ -215,6 +217,34 @@ def test_inner_split(spec):
     run_case(spec, make_x((2, 700), "float32"), schedule="split", expect=("inner", "split"))
 
 
+@pytest.mark.parametrize("text, shape, dtype", [
+    (IN1, (2, 3, 1031), "float32"),  # odd rows: peeled, the edges by the first normalize CTA of each row
+    ("n c l : rms over l ; scale c", (2, 2, 1040), "bfloat16"),  # scaled statistics, factor rstd
+    (GN, (2, 4, 5, 104), "bfloat16"),  # scaled norm (factor ra) with scale/shift along the row
+    (ROW_SCALE, (3, 1030), "float16"),  # a per-row scale before a shift along the row (peeled)
+], ids=["peeled", "rms-bf16", "group-bf16", "row-scale"])
+def test_inner_split_flat_finish(text, shape, dtype, monkeypatch):
+    """The split's normalize kernel as a flat grid (planner INNER_FINISH_TRIPS): a middle kernel merges each
+    row's partials once (a thread per row) into its mean and factor; the normalize kernel's F CTAs per split
+    (Plan.finish_splits, forced to 3 here: the simulator's rows are short) only read them."""
+    from normc import planner
+    from normc.lowering import generate
+
+    make = planner.make_plan
+
+    def three_per_split(*a, **k):
+        p = make(*a, **k)
+        return dataclasses.replace(p, finish_splits=3) if (p.strategy, p.schedule) == ("inner", "split") else p
+
+    monkeypatch.setattr(planner, "make_plan", three_per_split)
+    spec = normc.spec(text, g=2) if text == GN else normc.spec(text)
+    _, _, _, plan = run_case(spec, make_x(shape, dtype), schedule="split", expect=("inner", "split"))
+    names = [k.name for k in generate(plan)]
+    assert names == ["normc_inner_partial", "normc_inner_stats", "normc_inner_finish"], names
+    assert plan.workspace_floats == 3 * plan.kept * plan.splits + 2 * plan.kept
+    assert plan.peel == (shape[-1] % (16 // np.dtype(np_dtype(dtype)).itemsize) != 0)
+
+
 @pytest.mark.parametrize("schedule", ["looped", "split"])
 def test_inner_streaming_scalar_rows_load_more_per_trip(schedule):
     """Odd rows of a view 4 bytes past a 16-byte boundary (scalar accesses: not peeled) load
@@ -224,7 +254,6 @@ def test_inner_streaming_scalar_rows_load_more_per_trip(schedule):
     assert (plan.vec, plan.per_thread, plan.peel) == (1, normc.planner.NARROW_LOOP_UNROLL, False)
 
 
-ROW_SCALE = "t d : norm over d ; scale t ; shift d"  # a per-row scale before a shift along the row
 
 
 @pytest.mark.parametrize("text, schedule, dtype, n", [
