@@ -1163,7 +1163,7 @@ class _Inner(_Kernel):
         self._partial(g, S, L)
         k1 = KernelSource("normc_inner_partial", g.text(), p.grid, p.threads, self.shared, self.ptypes())
         self.shared = 0
-        if self._row_shared_params() and not self.peel:  # peeled rows do not share their vectors' alignment
+        if row_shared_params(p) and not self.peel:  # peeled rows do not share their vectors' alignment
             return [k1, self._finish_columns(S)]
         if p.finish_splits > 1:
             return [k1, self._row_stats(S), self._flat_finish(S, p.finish_splits)]
@@ -1235,15 +1235,6 @@ class _Inner(_Kernel):
         var = self._normalize_loop(g, "lo", "hi", self.TPR, reverse=True)
         self.emit_edge_normalize(g, var, "lane == 0 and sp_ == 0")
         return KernelSource("normc_inner_finish", g.text(), p.grid * F, p.threads, 0, self.ptypes())
-
-    def _row_shared_params(self):
-        """Whether every present affine vector varies along the reduction and not across rows (layer/RMS norm
-        ``scale d ; shift d``), with few enough rows for their statistics to sit in shared memory."""
-        var = self.params_for_row()
-        present = [w for w in ("scale", "shift") if var[w] is not None]
-        return (bool(present) and all(var[w] for w in present)
-                and all(a.stride(w) == 0 for w in present for a in self.kep)
-                and self.p.kept <= FINISH_COLUMNS_MAX_ROWS)
 
     def _finish_columns(self, S):
         """Second split kernel, column-major: every CTA first merges the partials of all K rows (a thread per
@@ -2044,6 +2035,18 @@ class _Outer(_Kernel):
         self.emit_normalize(g, reverse=True)
         k2 = KernelSource("normc_outer_finish", g.text(), p.grid * F, p.threads, self.shared, self.ptypes())
         return [k1, km, k2]
+
+
+def row_shared_params(p) -> bool:
+    """Whether an inner split's second kernel is the column-major one (``_Inner._finish_columns``): every
+    present scale/shift varies along the reduction and not across rows (layer/RMS norm ``scale d ; shift d``),
+    and there are at most FINISH_COLUMNS_MAX_ROWS rows, whose statistics sit in shared memory. ``p``: a
+    :class:`normc.planner.Plan` or the planner's problem (both have ``axes``, ``kept`` and the affine dtypes);
+    the planner asks it to leave such plans at one normalize CTA per split (``Plan.finish_splits``)."""
+    present = [w for w in ("scale", "shift") if getattr(p, f"{w}_dtype") is not None]
+    return (bool(present) and p.kept <= FINISH_COLUMNS_MAX_ROWS
+            and all(any(a.stride(w) for a in p.axes if a.reduced) for w in present)
+            and all(a.stride(w) == 0 for w in present for a in p.axes if not a.reduced))
 
 
 def generate(plan) -> list[KernelSource]:

@@ -45,6 +45,7 @@ from .errors import ArgumentError
 from .problem import DTYPES
 from .spec import STATS
 from .lowering.codegen import STREAM_THREADS_PER_SM  # the streaming kernels' launch bounds: grids are sized to them
+from .lowering.codegen import row_shared_params  # inner splits whose second kernel is column-major
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -976,8 +977,10 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
                    f"({STREAM_THREADS_PER_SM} threads per SM)")
         threads, rpc = tpr, 1
         grid = K * splits
-        if -(-nc // splits) >= tpr * per * INNER_FLAT_MIN_TRIPS and not _row_shared_affine(p):
-            finish = max(1, int(-(-nc // splits) // (tpr * per * INNER_FINISH_TRIPS)))
+        slice_vecs = -(-nc // splits)
+        if slice_vecs >= tpr * per * INNER_FLAT_MIN_TRIPS and not row_shared_params(p):
+            # int(): a fractional INNER_FINISH_TRIPS (tests/gpu_sanitize.py) forces the flat grid on small rows
+            finish = max(1, int(slice_vecs // (tpr * per * INNER_FINISH_TRIPS)))
             if finish > 1:
                 why.append(f"each row's partials merged once by a middle kernel; normalize kernel over {finish} "
                            f"CTAs per split ({grid * finish} CTAs, about {INNER_FINISH_TRIPS} loop trips each)")
@@ -1007,17 +1010,6 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
         per_thread=per, splits=splits, grid=grid, cluster=cluster, cache_hints=hints, why=tuple(why),
         peel=bool(peel_vec), finish_splits=finish, **common,
     )
-
-
-def _row_shared_affine(p) -> bool:
-    """Whether an inner split's second kernel is the column-major one (codegen ``_Inner._row_shared_params``):
-    scale and shift (those present) vary along the row, are the same for every row, and there are at most
-    FINISH_COLUMNS_MAX_ROWS rows (1024). It ignores Plan.finish_splits (its CTAs each take a column slice
-    of every row)."""
-    present = [w for w in ("scale", "shift") if getattr(p, f"{w}_dtype") is not None]
-    return (bool(present) and p.kept <= 1024
-            and all(any(a.stride(w) for a in p.axes if a.reduced) for w in present)
-            and all(a.stride(w) == 0 for w in present for a in p.axes if not a.reduced))
 
 
 def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUSTER_SIZES):
