@@ -27,7 +27,7 @@ def gpu_available() -> bool:
     """Whether a CUDA GPU and driver are usable (checked once): the driver initializes and counts at least one
     device. False under Numba's simulator (NUMBA_ENABLE_CUDASIM=1), where normc runs on the simulator as without
     a GPU. Asks the driver through cuda.bindings, not Numba: importing numba.cuda costs about 0.3 s, which a
-    new process whose kernels are all in the disk cache never otherwise pays (it launches through cuda.core)."""
+    new process whose kernels are all in the disk cache never otherwise pays (it launches through cuda.bindings: runtime.gpu)."""
     global _gpu
     if _gpu is None:
         _gpu = not _cudasim() and _driver_has_device()
@@ -424,7 +424,7 @@ class Compiled:
             from . import gpu
 
             gpu.set_device(xi.device)
-            s = launch()  # the raw handle (Loaded.launcher looks up its cached cuda.core Stream)
+            s = launch()  # the raw handle (Loaded.launcher looks up its cached CUstream)
             for k in entry.kernels:
                 k.launcher(s, *ptrs)
             if fk is not None and fk[5] is not False and fk[6] is not False:
@@ -582,10 +582,10 @@ class Compiled:
             lambda mc: make_plan(prob, arch=arch, sms=sms, schedule=self._schedule_for(prob, arch, sms),
                                  max_cluster=mc),
             lambda plan: compiled_kernels(plan, cc), lambda plan: plan.cluster)
-        if plan.schedule == "coop" and kernels[-1].config.grid[0] < plan.splits:
+        if plan.schedule == "coop" and kernels[-1].grid < plan.splits:
             # the CTAs of a row wait for each other: fewer co-resident than a row has would never finish
             raise CompileError(f"the coop plan spreads a row over {plan.splits} CTAs but only "
-                               f"{kernels[-1].config.grid[0]} fit this device at once; use another schedule")
+                               f"{kernels[-1].grid} fit this device at once; use another schedule")
         return _Entry(plan, kernels, xi.shape, out_strides, out_dtype, stat_shape, False, prob)
 
 

@@ -338,7 +338,7 @@ def backward(compiled, dy, x, mean, rstd, scale=None, *, need_dscale=True, need_
     ptrs = (gi.ptr, xi.ptr, 0 if si is None else si.ptr, 0 if mi is None else mi.ptr, ri.ptr, ptr(dx, "dx"),
             ptr(ws, "workspace"), ptr(dscale, "dscale"), ptr(dshift, "dshift"))
     gpu.set_device(xi.device)
-    s = launch()  # the raw handle (Loaded.launcher looks up its cached cuda.core Stream)
+    s = launch()  # the raw handle (Loaded.launcher looks up its cached CUstream)
     for k in entry.kernels:
         k.launcher(s, *ptrs)
     if fk is not None and fk[9] is not False and fk[11] is not False:

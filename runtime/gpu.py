@@ -1,25 +1,54 @@
-"""Loading compiled kernels into the current CUDA context and launching them through ``cuda.core``.
+"""Loading compiled kernels into the current CUDA context and launching them through the CUDA driver API
+(``cuda.bindings``).
 
-A kernel is launched with plain pointer arguments (seven forward, nine backward) through ``cuda.core.launch``
-with a prebuilt ``LaunchConfig``: about 5 us from Python on the H200, against 27-56 us for Numba's
-dispatcher (direct driver launches were measured no faster: see ``Loaded.launcher``). PTX is first linked
-to a cubin for the device with nvJitLink (so a PTX ISA newer than the driver still loads, as long as nvJitLink knows it);
-if that fails the driver JIT-compiles the PTX; if both fail a :class:`normc.CompileError` says why.
+A kernel is launched with plain 64-bit pointer arguments (seven forward, nine backward) packed into a
+parameter buffer built once per kernel: one ``cuLaunchKernel`` (``cuLaunchKernelEx`` for clusters,
+cooperative and programmatic-dependent launches) from Python, about 4-6 us on the H100/H200 machines,
+against 27-56 us for Numba's dispatcher. Only ``cuda.bindings`` is imported on this path: a new process whose
+kernels are all in the disk cache reaches its first launch without importing ``cuda.core`` (about 140 ms on
+the GPU machines' image) or Numba. PTX is first linked to a cubin for the device with nvJitLink (so a PTX ISA
+newer than the driver still loads, as long as nvJitLink knows it); if that fails the driver JIT-compiles the
+PTX; if both fail a :class:`normc.CompileError` says why.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
+import struct
 import threading
+
+from cuda.bindings import driver as _cu
 
 from ..errors import ArgumentError, CompileError
 
-try:  # cuda-core >= 0.4 exports these at the top level; older releases under .experimental
-    from cuda.core import Device, LaunchConfig, Linker, LinkerOptions, ObjectCode, Stream, launch
-except ImportError:  # pragma: no cover - depends on the installed cuda-core
-    from cuda.core.experimental import (Device, LaunchConfig, Linker, LinkerOptions, ObjectCode, Stream,
-                                        launch)
+_SUCCESS = _cu.CUresult.CUDA_SUCCESS
+_attr = _cu.CUdevice_attribute
+
+
+def _error_name(err) -> str:
+    """The driver error's name, e.g. CUDA_ERROR_INVALID_VALUE (read from the enum: no driver call)."""
+    return getattr(err, "name", None) or str(err)
+
+
+def _check(result, what: str, error=RuntimeError):
+    """The values of a ``cuda.bindings`` driver call's result tuple, or ``error`` naming ``what`` and the
+    driver's error."""
+    err, *values = result
+    if err:
+        raise error(f"{what} failed: {_error_name(err)}")
+    return values[0] if len(values) == 1 else values
+
+
+@functools.lru_cache(maxsize=None)
+def _device(ordinal: int):
+    _check(_cu.cuInit(0), "cuInit")
+    return _check(_cu.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})")
+
+
+def _attribute(ordinal: int, attribute) -> int:
+    return int(_check(_cu.cuDeviceGetAttribute(attribute, _device(ordinal)), f"cuDeviceGetAttribute({attribute.name})"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,8 +59,8 @@ def device_cc(ordinal: int) -> tuple:
     target onto a newer device)."""
     from ..lowering import supported_ccs
 
-    cc = Device(ordinal).compute_capability
-    cc = (cc.major, cc.minor) if hasattr(cc, "major") else tuple(cc)
+    cc = (_attribute(ordinal, _attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+          _attribute(ordinal, _attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
     known = supported_ccs()
     if known and cc not in known:
         older = [k for k in known if k <= cc]
@@ -43,7 +72,7 @@ def device_cc(ordinal: int) -> tuple:
 @functools.lru_cache(maxsize=None)
 def device_sms(ordinal: int) -> int:
     """Multiprocessor count of CUDA device ``ordinal`` (sizes the planner's grids)."""
-    return Device(ordinal).properties.multiprocessor_count
+    return _attribute(ordinal, _attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
 
 
 _tls = threading.local()  # a CUDA context is current per host thread
@@ -52,7 +81,7 @@ _tls = threading.local()  # a CUDA context is current per host thread
 def set_device(ordinal: int):
     """Make the primary context of ``ordinal`` current on this thread (the one torch/CuPy/Numba use)."""
     if getattr(_tls, "current", None) != ordinal:
-        Device(ordinal).set_current()
+        _check(_cu.cuCtxSetCurrent(_cu.CUcontext(primary_context(ordinal))), f"cuCtxSetCurrent(cuda:{ordinal})")
         _tls.current = ordinal
 
 
@@ -60,25 +89,10 @@ def set_device(ordinal: int):
 def primary_context(ordinal: int) -> int:
     """Handle (an int) of device ``ordinal``'s primary context: the one :func:`set_device` makes current.
 
-    Retained once per process and never released (``cuda.core``'s ``Device.set_current`` retains the same
-    context), so the handle stays valid for the comparison in :func:`check_context`.
+    Retained once per process and never released (as torch's and cuda.core's contexts are), so the handle
+    stays valid for :func:`set_device` and the comparison in :func:`check_context`.
     """
-    from cuda.bindings import driver
-
-    (err,) = driver.cuInit(0)
-    _ok(err, "cuInit")
-    err, dev = driver.cuDeviceGet(ordinal)
-    _ok(err, f"cuDeviceGet({ordinal})")
-    err, ctx = driver.cuDevicePrimaryCtxRetain(dev)
-    _ok(err, f"cuDevicePrimaryCtxRetain({ordinal})")
-    return int(ctx)
-
-
-def _ok(err, what):
-    from cuda.bindings import driver
-
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"{what} failed: {err}")
+    return int(_check(_cu.cuDevicePrimaryCtxRetain(_device(ordinal)), f"cuDevicePrimaryCtxRetain({ordinal})"))
 
 
 # CUmemorytype: CU_MEMORYTYPE_DEVICE (cuda.h); the pure check below needs no driver to import
@@ -108,12 +122,10 @@ def check_context(ptr: int, ordinal: int, name: str):
     pass: the check only turns a known misuse into an error naming the argument, instead of a fault in the
     kernel.
     """
-    from cuda.bindings import driver
-
-    a = driver.CUpointer_attribute
+    a = _cu.CUpointer_attribute
     attrs = [a.CU_POINTER_ATTRIBUTE_CONTEXT, a.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a.CU_POINTER_ATTRIBUTE_IS_MANAGED]
-    err, values = driver.cuPointerGetAttributes(len(attrs), attrs, ptr)
-    if err != driver.CUresult.CUDA_SUCCESS:
+    err, values = _cu.cuPointerGetAttributes(len(attrs), attrs, ptr)
+    if err:
         return
     ctx, memory_type, is_managed = values
     try:
@@ -131,47 +143,22 @@ def check_context(ptr: int, ordinal: int, name: str):
 def driver_version() -> int:
     """CUDA driver version as an int (e.g. 13000), 0 when no driver is present (part of the disk-cache key)."""
     try:
-        from cuda.bindings import driver
-
-        err, v = driver.cuDriverGetVersion()
-        return int(v)
+        err, v = _cu.cuDriverGetVersion()
+        return 0 if err else int(v)
     except Exception:
         return 0
 
 
 def link_cubin(ptx: str, cc) -> bytes | None:
-    """PTX -> cubin for ``cc`` with nvJitLink, or ``None`` if nvJitLink cannot (e.g. it predates the PTX ISA)."""
+    """PTX -> cubin for ``cc`` with nvJitLink, or ``None`` if nvJitLink cannot (e.g. it predates the PTX ISA).
+
+    Runs only when a kernel is compiled (the cubin is stored in the disk cache with its PTX)."""
+    from ..lowering import assemble
+
     try:
-        linker = Linker(ObjectCode.from_ptx(ptx.encode()), options=LinkerOptions(arch=f"sm_{cc[0]}{cc[1]}"))
-        return bytes(linker.link("cubin").code)
+        return assemble(ptx, f"sm_{cc[0]}{cc[1]}")[0]
     except Exception:
         return None
-
-
-def _allow_non_portable_cluster(kernel):
-    """Allow clusters of more than 8 CTAs for ``kernel`` (cudaFuncAttributeNonPortableClusterSizeAllowed)."""
-    from cuda.bindings import driver
-
-    attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED
-    handle = kernel.handle
-    if isinstance(handle, driver.CUkernel):
-        dev = driver.CUdevice(Device().device_id)
-        err, = driver.cuKernelSetAttribute(attr, 1, handle, dev)
-    else:
-        err, = driver.cuFuncSetAttribute(handle, attr, 1)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise CompileError(f"could not allow a non-portable cluster size for the kernel ({err})")
-
-
-def _max_active_clusters(kernel, config) -> int:
-    """cudaOccupancyMaxActiveClusters of ``kernel`` launched as ``config``: how many of its clusters the device
-    can hold at once. cuda.core 1.x requires a ``stream`` keyword (the query runs in its context); 0.x takes
-    none. (Called without it, cuda.core 1.2 raised TypeError, which :meth:`Loaded.clusters_fit` took for
-    "unknown, assume it fits": the re-planning with smaller clusters never ran.)"""
-    try:
-        return kernel.occupancy.max_active_clusters(config, stream=Device().default_stream)
-    except TypeError:  # cuda.core 0.x: no stream argument
-        return kernel.occupancy.max_active_clusters(config)
 
 
 # Launch the kernels a plan marks ``pdl`` (the second and third of split schedules) as programmatic dependents
@@ -179,85 +166,152 @@ def _max_active_clusters(kernel, config) -> int:
 # kernels are the same either way (their griddepcontrol instructions are then no-ops).
 PDL = os.environ.get("NORMC_PDL", "1") != "0"
 
+# Kernel arguments are 64-bit integers (pointers, or 0 for an absent one): the forward kernels take 7, the
+# backward kernels 9. A Loaded kernel's parameter buffer has room for MAX_ARGS of them.
+MAX_ARGS = 16
+_PACK = tuple(struct.Struct(f"<{n}Q").pack_into for n in range(MAX_ARGS + 1))
+
+# Streams seen by launches, as cuda.bindings CUstream objects (building one per launch costs ~0.1 us)
+_streams: dict = {}
+
+
+def _stream(handle: int):
+    s = _streams.get(handle)
+    if s is None:
+        if len(_streams) > 256:  # a program making streams without end: do not grow without bound
+            _streams.clear()
+        s = _streams[handle] = _cu.CUstream(handle)
+    return s
+
+
+def _launch_attribute(name: str, set_value):
+    attr = _cu.CUlaunchAttribute()
+    attr.id = getattr(_cu.CUlaunchAttributeID, name)
+    set_value(attr.value)
+    return attr
+
 
 class Loaded:
-    """A kernel loaded on one device: ``loaded.launcher(stream_handle, *pointers)`` launches it."""
+    """A kernel loaded in the current CUDA context (the primary context of its device, made current by
+    :func:`set_device` before loading): ``loaded.launcher(stream_handle, *pointers)`` launches it.
 
-    __slots__ = ("kernel", "config", "entry", "cluster_allowed")
+    Attributes:
+        entry: the kernel's name; ``grid`` and ``block``: CTAs launched and threads per CTA; ``cluster``: CTAs
+        per thread-block cluster (1: none); ``coop``: a cooperative launch (``grid`` capped to what the device
+        holds at once); ``pdl``: a programmatic dependent launch.
+
+    Raises:
+        CompileError: neither the cubin nor the PTX loads on this device.
+    """
+
+    __slots__ = ("module", "function", "entry", "grid", "block", "cluster", "coop", "pdl", "cluster_allowed",
+                 "_args", "_params", "_params_ptr", "_configs", "_lock")
 
     def __init__(self, ptx: str, cubin: bytes | None, entry: str, grid: int, block: int, cluster: int = 1,
                  coop: bool = False, pdl: bool = False):
         errors = []
-        kernel = None
-        if cubin:
-            try:
-                kernel = ObjectCode.from_cubin(cubin).get_kernel(entry)
-            except Exception as e:
-                errors.append(f"cubin: {e}")
-        if kernel is None:
-            try:
-                kernel = ObjectCode.from_ptx(ptx.encode()).get_kernel(entry)
-            except Exception as e:
-                errors.append(f"PTX JIT: {e}")
-        if kernel is None:
+        self.module = None
+        for what, image in (("cubin", cubin), ("PTX JIT", ptx.encode() + b"\0" if ptx else None)):
+            if self.module is None and image:
+                err, module = _cu.cuModuleLoadData(image)
+                if err:
+                    errors.append(f"{what}: {_error_name(err)}")
+                else:
+                    self.module = module
+        if self.module is None:
             raise CompileError(
                 "could not load the kernel on this device (" + "; ".join(errors) + "). If the PTX ISA is "
                 "newer than the driver, install an nvJitLink at least as new as the NVVM that produced it, or "
                 "a NVVM no newer than the driver"
             )
-        self.kernel = kernel
-        self.entry = entry
+        self.function = _check(_cu.cuModuleGetFunction(self.module, entry.encode()), f"cuModuleGetFunction({entry})",
+                               CompileError)
+        self.entry, self.block, self.cluster, self.coop = entry, block, cluster, coop
+        self.pdl = bool(pdl and PDL and cluster <= 1 and not coop)
         self.cluster_allowed = True
         if cluster > 8:
-            try:
-                _allow_non_portable_cluster(kernel)
-            except Exception:
-                self.cluster_allowed = False  # clusters_fit() says no: the runtime plans smaller clusters
+            # clusters of more than 8 CTAs need cudaFuncAttributeNonPortableClusterSizeAllowed; where the driver
+            # refuses it, clusters_fit() says no and the runtime plans smaller clusters
+            err, = _cu.cuFuncSetAttribute(
+                self.function, _cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+            self.cluster_allowed = not err
         if coop:
             # A cooperative kernel's CTAs wait for each other: launch no more than are co-resident (the
             # occupancy API), as a cooperative launch (the driver refuses one that cannot all be resident).
             # The planner keeps a reduction's CTAs (splits) <= SMs, so one CTA per SM covers them.
-            per_sm = kernel.occupancy.max_active_blocks_per_multiprocessor(block, 0)
+            per_sm = _check(_cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, block, 0),
+                            f"{entry}: cuOccupancyMaxActiveBlocksPerMultiprocessor", CompileError)
             if per_sm < 1:
                 raise CompileError(f"{entry}: no CTA of {block} threads fits an SM; cannot launch cooperatively")
-            sms = Device().properties.multiprocessor_count
-            self.config = LaunchConfig(grid=min(grid, per_sm * sms), block=block, is_cooperative=True)
-        elif cluster > 1:
-            # cuda.core (>= 0.4, as pyproject.toml requires) counts the grid in clusters when a cluster shape is
-            # given
-            self.config = LaunchConfig(grid=grid // cluster, cluster=cluster, block=block)
-        elif pdl and PDL:
-            try:  # programmatic dependent launch, where this cuda-core's LaunchConfig has it (else as usual)
-                self.config = LaunchConfig(grid=grid, block=block, programmatic_stream_serialization=True)
-            except TypeError:
-                self.config = LaunchConfig(grid=grid, block=block)
-        else:
-            self.config = LaunchConfig(grid=grid, block=block)
+            dev = _check(_cu.cuCtxGetDevice(), "cuCtxGetDevice")
+            sms = _check(_cu.cuDeviceGetAttribute(_attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+                         "cuDeviceGetAttribute")
+            grid = min(grid, per_sm * sms)
+        self.grid = grid
+        # The parameter buffer (MAX_ARGS 8-byte slots) and the array of pointers to its slots that
+        # cuLaunchKernel reads; the driver copies the arguments during the call, so one buffer per kernel
+        # serves every launch, filled under a lock (two threads launching the same kernel at once).
+        self._args = (ctypes.c_uint64 * MAX_ARGS)()
+        base = ctypes.addressof(self._args)
+        self._params = (ctypes.c_void_p * MAX_ARGS)(*(base + 8 * i for i in range(MAX_ARGS)))
+        self._params_ptr = ctypes.addressof(self._params)
+        self._lock = threading.Lock()
+        self._configs = {} if (cluster > 1 or coop or self.pdl) else None
+
+    def _config(self, stream) -> "_cu.CUlaunchConfig":
+        """The ``cuLaunchKernelEx`` configuration of this kernel on ``stream`` (a CUstream): grid and block, and
+        the cluster shape, cooperative flag or programmatic-dependent-launch flag as attributes."""
+        cfg = _cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = self.grid, 1, 1  # in CTAs, a multiple of the cluster's
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.block, 1, 1
+        cfg.sharedMemBytes = 0  # the kernels' shared memory is static
+        cfg.hStream = stream
+        attrs = []
+        if self.cluster > 1:
+            def cluster_dims(v):
+                v.clusterDim.x, v.clusterDim.y, v.clusterDim.z = self.cluster, 1, 1
+            attrs.append(_launch_attribute("CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION", cluster_dims))
+        if self.coop:
+            attrs.append(_launch_attribute("CU_LAUNCH_ATTRIBUTE_COOPERATIVE", lambda v: setattr(v, "cooperative", 1)))
+        if self.pdl:
+            attrs.append(_launch_attribute("CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION",
+                                           lambda v: setattr(v, "programmaticStreamSerializationAllowed", 1)))
+        cfg.attrs, cfg.numAttrs = attrs, len(attrs)
+        return cfg
 
     def clusters_fit(self) -> bool:
         """Whether the device can co-schedule at least one cluster of this kernel's launch shape
-        (``cudaOccupancyMaxActiveClusters`` > 0); True for launches without clusters or when unknown."""
+        (``cuOccupancyMaxActiveClusters`` > 0); True for launches without clusters or when unknown."""
         if not self.cluster_allowed:
             return False
-        if self.config.cluster is None or max(self.config.cluster) <= 1:
+        if self.cluster <= 1:
             return True
-        try:
-            return _max_active_clusters(self.kernel, self.config) > 0
-        except Exception:
-            return True
+        err, n = _cu.cuOccupancyMaxActiveClusters(self.function, self._config(_stream(0)))
+        return True if err else n > 0
 
     def launcher(self, stream: int, *ptrs):
         """Launch on the stream with raw ``CUstream`` handle ``stream`` (0: the legacy default stream), with
-        the kernel's pointer arguments (seven forward, nine backward).
+        the kernel's pointer arguments (ints: seven forward, nine backward).
 
-        Launching through the driver directly was measured against cuda.core on the H200 (2026-12-01, a whole
-        cached normc call on torch tensors in one loop): cuda.core 15.9 us, cuda.bindings' cuLaunchKernel on a
-        prebuilt parameter buffer 15.3 us, ctypes' cuLaunchKernel 20.3 us (it converts each of 11 arguments
-        per call); 0.6 us is within run-to-run noise, so cuda.core stays (docs/performance.md)."""
-        launch(stream_of(stream), self.config, self.kernel, *ptrs)
-
-
-_streams = {}
+        Raises:
+            RuntimeError: the driver refused the launch (its error name, e.g. CUDA_ERROR_INVALID_CONTEXT)."""
+        s = _streams.get(stream)
+        if s is None:
+            s = _stream(stream)
+        with self._lock:
+            _PACK[len(ptrs)](self._args, 0, *ptrs)
+            if self._configs is None:
+                err, = _cu.cuLaunchKernel(self.function, self.grid, 1, 1, self.block, 1, 1, 0, s,
+                                          self._params_ptr, 0)
+            else:
+                cfg = self._configs.get(stream)
+                if cfg is None:
+                    if len(self._configs) > 64:
+                        self._configs.clear()
+                    cfg = self._configs[stream] = self._config(s)
+                err, = _cu.cuLaunchKernelEx(cfg, self.function, self._params_ptr, 0)
+        if err:
+            raise RuntimeError(f"launching {self.entry} failed: {_error_name(err)}")
 
 
 def load_fitting_clusters(plan_for, kernels_for, cluster_of):
@@ -282,12 +336,3 @@ def load_fitting_clusters(plan_for, kernels_for, cluster_of):
         if C <= 1 or all(k.clusters_fit() for k in kernels):
             return plan, kernels
         max_cluster = C // 2
-
-
-def stream_of(handle: int):
-    """A cached ``cuda.core`` Stream wrapping a foreign stream handle (0: the legacy default stream)."""
-    s = _streams.get(handle)
-    if s is None:
-        s = Stream.from_handle(handle)
-        _streams[handle] = s
-    return s

@@ -4,7 +4,8 @@
 
 Prints the median wall time per call (no synchronization) of: a full normc call on torch tensors (the cached
 fast path: allocate y, launch), the same with return_stats and the backward (their own fast paths),
-torch.empty_strided alone, cuda.core's launch alone, the hot path's launcher alone (pointers prepared), the
+torch.empty_strided alone, the hot path's launcher alone (pointers prepared; normc's cuLaunchKernel through
+cuda.bindings) against cuda.core's launch of the same cubin, the
 hot path's key and its parts, torch.nn.functional.layer_norm and torch.add (one torch op) for comparison,
 and one forward+backward step of normc.torch.LayerNorm against torch.nn.LayerNorm (host time per training
 step of one layer).
@@ -39,7 +40,15 @@ def main():
     torch.cuda.synchronize()
     (entry,) = f._table.values()
     k = entry.kernels[0]
-    s = gpu.stream_of(torch.cuda.current_stream().cuda_stream)
+    from cuda.core import LaunchConfig, ObjectCode, Stream, launch
+
+    from normc.runtime import compiled_kernels
+
+    cc = gpu.device_cc(0)
+    (kd,) = compiled_kernels(entry.plan, cc)
+    core_kernel = ObjectCode.from_cubin(kd["cubin"]).get_kernel(kd["entry"])
+    core_config = LaunchConfig(grid=k.grid, block=k.block)
+    s = Stream.from_handle(torch.cuda.current_stream().cuda_stream)
     y = torch.empty_like(x)
     sh = torch.cuda.current_stream().cuda_stream
     xp, yp, wp, bp = x.data_ptr(), y.data_ptr(), w.data_ptr(), b.data_ptr()
@@ -64,8 +73,8 @@ def main():
         "normc call, return_stats": lambda: f(x, w, b, return_stats=True),
         "normc backward": lambda: f.backward(dy, x, mean, rstd, w),
         "torch.empty_strided": lambda: torch.empty_strided((256, 1024), (1024, 1), dtype=torch.float32, device="cuda"),
-        "cuda.core launch only": lambda: gpu.launch(s, k.config, k.kernel, x.data_ptr(), y.data_ptr(), w.data_ptr(),
-                                                    b.data_ptr(), 0, 0, 0),
+        "cuda.core launch (same cubin)": lambda: launch(s, core_config, core_kernel, x.data_ptr(), y.data_ptr(),
+                                                        w.data_ptr(), b.data_ptr(), 0, 0, 0),
         "launcher (raw stream int)": lambda: k.launcher(sh, xp, yp, wp, bp, 0, 0, 0),
         "hot-path key (3 tensors)": lambda: (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15,
                                              _tkey(w, tt), _tkey(b, tt), False),

@@ -173,7 +173,7 @@ def run_cases() -> int:
                 ok = ok and bplan.fused is not None and bplan.fused.prefetch
             print(f"CASE {name:26s} {plan.strategy}/{plan.schedule} vec={plan.vec} splits={plan.splits} "
                   f"cluster={plan.cluster} finish_splits={plan.finish_splits} kernels={len(kernels)} "
-                  f"launched={kernels[-1].config.grid[0]}x{kernels[-1].config.block[0]} err={err:.1e} "
+                  f"launched={kernels[-1].grid}x{kernels[-1].block} err={err:.1e} "
                   f"backward_err={berr:.1e} {'ok' if ok else 'FAIL'}",
                   flush=True)
             bad += not ok

@@ -1122,38 +1122,33 @@ def test_load_fitting_clusters_halves_until_they_fit(monkeypatch):
     assert plan == 1 and asked == [None]
 
 
-@pytest.mark.parametrize("keyword", [True, False], ids=["cuda-core-1", "cuda-core-0"])
-@pytest.mark.parametrize("active", [0, 30])
-def test_clusters_fit_asks_the_occupancy_api(keyword, active, monkeypatch):
-    """clusters_fit() is the occupancy API's answer (cudaOccupancyMaxActiveClusters > 0), whether cuda.core
-    wants the stream keyword (1.x: without it the query raised TypeError, which read as "fits") or not (0.x)."""
+@pytest.mark.parametrize("answer,fits", [((0, 0), False), ((0, 30), True), ((1, 0), True)],
+                         ids=["none-fit", "30-fit", "driver-error"])
+def test_clusters_fit_asks_the_occupancy_api(answer, fits, monkeypatch):
+    """clusters_fit() is the occupancy API's answer (cuOccupancyMaxActiveClusters > 0) for the kernel's own
+    launch shape (cluster attribute included); a driver error reads as "unknown, assume it fits"."""
+    from cuda.bindings import driver
+
     from normc.runtime import gpu
 
     calls = []
 
-    class Occupancy:
-        def max_active_clusters(self, config, **kw):
-            calls.append(kw)
-            if keyword and "stream" not in kw:
-                raise TypeError("max_active_clusters() needs keyword-only argument stream")
-            if not keyword and kw:
-                raise TypeError("unexpected keyword argument 'stream'")
-            return active
+    def occupancy(function, config):
+        calls.append((function, config.gridDimX, config.blockDimX,
+                      [(a.id, a.value.clusterDim.x) for a in config.attrs[:config.numAttrs]]))
+        return (driver.CUresult(answer[0]), answer[1])
 
-    class Dev:
-        default_stream = "the default stream"
-
-    class Kernel:
-        occupancy = Occupancy()
-
-    class Config:
-        cluster = (4, 1, 1)
-
-    monkeypatch.setattr(gpu, "Device", Dev)
+    monkeypatch.setattr(gpu._cu, "cuOccupancyMaxActiveClusters", occupancy)
     loaded = gpu.Loaded.__new__(gpu.Loaded)
-    loaded.kernel, loaded.config, loaded.cluster_allowed = Kernel(), Config(), True
-    assert loaded.clusters_fit() is (active > 0)
-    assert calls[0] == {"stream": "the default stream"}
+    loaded.function, loaded.cluster_allowed = "the function", True
+    loaded.grid, loaded.block, loaded.cluster, loaded.coop, loaded.pdl = 64, 256, 4, False, False
+    assert loaded.clusters_fit() is fits
+    cluster_attr = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    assert calls == [("the function", 64, 256, [(cluster_attr, 4)])]
+    loaded.cluster_allowed = False  # the driver refused clusters of more than 8 CTAs
+    assert loaded.clusters_fit() is False
+    loaded.cluster_allowed, loaded.cluster = True, 1
+    assert loaded.clusters_fit() is True and len(calls) == 1
 
 
 def test_plan_backward_argument_errors():

@@ -239,8 +239,8 @@ def test_simulator_setting_read_without_numba():
 @pytest.mark.gpu
 def test_disk_cache_hit_launches_without_numba(tmp_path):
     """A new process whose kernels are in the disk cache plans, loads and launches them without importing
-    Numba (issue 3, part 4: the first launch of such a process within 100 ms; tests/gpu_compile_time.py times
-    it). The output is checked against float64."""
+    Numba or cuda.core (issue 3, part 4: the first launch of such a process within 100 ms;
+    tests/gpu_compile_time.py times it). The output is checked against float64."""
     import os
 
     code = ("import sys, torch, numpy as np, normc\n"
@@ -248,9 +248,10 @@ def test_disk_cache_hit_launches_without_numba(tmp_path):
             "y = normc.compile('t d : norm over d ; scale d')(x, w); torch.cuda.synchronize()\n"
             "xd = x.double().cpu().numpy(); m = xd.mean(1, keepdims=True); v = xd.var(1, keepdims=True)\n"
             "ref = (xd - m) / np.sqrt(v + 1e-5) * w.double().cpu().numpy()\n"
-            "print(float(np.abs(y.double().cpu().numpy() - ref).max()), 'numba' in sys.modules)")
+            "print(float(np.abs(y.double().cpu().numpy() - ref).max()), 'numba' in sys.modules,\n"
+            "      'cuda.core' in sys.modules)")
     env = dict(os.environ, NORMC_CACHE_DIR=str(tmp_path))
     first = _run_code(code, env).split()  # compiles (imports Numba) and fills the cache
     again = _run_code(code, env).split()
     assert float(first[0]) < 1e-4 and first[1] == "True"
-    assert float(again[0]) < 1e-4 and again[1] == "False"
+    assert float(again[0]) < 1e-4 and again[1:] == ["False", "False"]

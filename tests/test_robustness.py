@@ -395,12 +395,13 @@ def test_numba_simulator_environment_runs_numpy_input(tmp_path):
 def test_device_newer_than_the_toolkit_compiles_for_its_newest_target(monkeypatch, device, known, want):
     """The runtime compiles for the device's compute capability, except on a GPU newer than every target the
     installed toolkit knows, where it takes the newest of those (arch_cc would refuse the device's own)."""
-    import types
-
     import normc.lowering as lowering
     from normc.runtime import gpu
 
-    monkeypatch.setattr(gpu, "Device", lambda ordinal: types.SimpleNamespace(compute_capability=device))
+    a = gpu._attr
+    answers = {a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: device[0],
+               a.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: device[1]}
+    monkeypatch.setattr(gpu, "_attribute", lambda ordinal, attribute: answers[attribute])
     monkeypatch.setattr(lowering, "supported_ccs", lambda: known)
     gpu.device_cc.cache_clear()
     try:
@@ -417,11 +418,8 @@ def test_coop_plan_whose_row_cannot_be_resident_is_refused_not_hung(monkeypatch)
     from normc.runtime import gpu
     from normc.runtime.arrays import ArrayInfo
 
-    class Config:
-        grid = (1, 1, 1)
-
     class Kernel:
-        config = Config()
+        grid = 1  # CTAs launched: the co-resident grid of a cooperative launch
 
     monkeypatch.setattr(rt, "gpu_available", lambda: True)
     monkeypatch.setattr(gpu, "device_cc", lambda d: (9, 0))
