@@ -57,6 +57,12 @@ PERSISTENT_SM_THREADS = 512
 # Spill stores (bytes) such a bound may cost and still be kept: a few words through L1 cost less than half the
 # SM's CTAs (a 256-thread cluster CTA of 52 float32 values spilled 24 bytes at 128 registers).
 PERSISTENT_MAX_SPILL = 64
+# Inner persistent rows over a cluster of C CTAs: 1 interleaves the CTAs' vectors (thread vector e of CTA rank r
+# is the row's vector (e*C + r)*tpr + lane), so only the last one or two vectors of each thread may fall past
+# the row end and carry a mask; 0 gives each CTA a contiguous chunk, where the last CTA of a cluster, holding
+# the remainder, needs a mask on every vector (a peeled 4 x 400,001 float32 row: 13 masked vectors, 112 bytes
+# spilled at 128 registers; interleaved, none). Measured: docs/performance.md.
+CLUSTER_INTERLEAVE = 1
 # Threads per SM the outer/mixed persistent kernels are compiled to keep resident (launch bounds, kept when
 # ptxas spills at most PERSISTENT_MAX_SPILL bytes); 0: registers uncapped. Measured on the H200
 # (tests/gpu_sweep.py, 2026-12-02) with 768 and a 512-byte spill allowance: NHWC instance norm (256, 128, 28,
@@ -619,19 +625,22 @@ class _Inner(_Kernel):
             g(f"qe = qe + sel({ok}, ({e} - me) * ({e} - me), F32(0.0))")
         _chan(g, "n", "mean", "m2", "ne", "me", "qe")
 
-    def emit_edge_normalize(self, g, var, who):
-        """Peeled rows: normalize and store the edge values (one at a time, by ``who``)."""
+    def emit_edge_normalize(self, g, var, who, held=None):
+        """Peeled rows: normalize and store the edge values (one at a time, by ``who``). ``held``: the
+        persistent kernel's edges as ``[(value, d, ok)]``, shifted as its registers are (normalized as they are);
+        else they are loaded from x here and normalized as loaded."""
         if not self.peel:
             return
         inner, V = self.inner, self.V
-        edges = self.edges(g, who)
+        edges = held if held is not None else [(None, d, ok) for d, ok in self.edges(g, who)]
         self.V = 1  # emit_normalize_vec on single values
         try:
-            for d, ok in edges:
-                e = g.new("e")
-                g(f"{e} = ldm1_{self.xt}(xp, xe + {d}, {ok})")
+            for e, d, ok in edges:
+                if e is None:
+                    e = g.new("e")
+                    g(f"{e} = ldm1_{self.xt}(xp, xe + {d}, {ok})")
                 offs = {"out": d, "scale": f"({d} - hl) * {inner.scale}", "shift": f"({d} - hl) * {inner.shift}"}
-                self.emit_normalize_vec(g, [e], offs, var, ok, raw=True, ob="oe", hint=self.h_y)
+                self.emit_normalize_vec(g, [e], offs, var, ok, raw=held is None, ob="oe", hint=self.h_y)
         finally:
             self.V = V
 
@@ -779,11 +788,14 @@ class _Inner(_Kernel):
     def persistent(self):
         """x held in registers: each row's values are loaded once, reduced (two passes over registers), then
         normalized and stored. With ``plan.cluster`` = C > 1 a row is spread over the C CTAs of a cluster:
-        CTA rank r holds vectors [r*CH, (r+1)*CH) (CH = per_thread * tpr) and the CTAs' partial statistics are
-        merged through distributed shared memory, in rank order (every CTA gets the same result)."""
+        the e-th slab of tpr vectors of CTA rank r is the row's slab e*C + r (CLUSTER_INTERLEAVE; else rank r
+        holds vectors [r*CH, (r+1)*CH), CH = per_thread * tpr), and the CTAs' partial statistics are merged
+        through distributed shared memory, in rank order (every CTA gets the same result). Peeled rows
+        (plan.peel) hold their whole vectors so; their edge values are folded in by one thread."""
         p, V, TPR, NC, E = self.p, self.V, self.TPR, self.NC, self.p.per_thread
         C = p.cluster
         CH = E * TPR
+        interleave = C > 1 and CLUSTER_INTERLEAVE
         g = _Src()
         self.prologue(g, "normc_inner")
         g(f"lane = tid % {TPR}" if self.RPC > 1 else "lane = tid")
@@ -797,17 +809,23 @@ class _Inner(_Kernel):
             self.row_setup(g, f"bid * {self.RPC} + rloc", ragged_rows)
         rv = f"row < {p.kept}" if ragged_rows else "True"
         g(f"rv = {rv}")
-        last = NC - (C - 1) * CH  # vectors held by the last CTA of the cluster (all of them when C == 1)
+        # vectors of the row certainly present: peeled rows have nf whole vectors, NC or NC - 1
+        sure = NC - 1 if self.peel else NC
+        last = sure - (C - 1) * CH  # contiguous chunks: those held by the last CTA (all of them when C == 1)
         xs, oks, offs = [], [], []
         for e in range(E):
             c = g.new("c")
-            g(f"{c} = crank * {CH} + lane + {e * TPR}" if C > 1 else f"{c} = lane + {e * TPR}")
-            need = (e + 1) * TPR > last
+            if interleave:
+                g(f"{c} = crank * {TPR} + lane + {e * C * TPR}")
+                need = (e + 1) * C * TPR > sure
+            else:
+                g(f"{c} = crank * {CH} + lane + {e * TPR}" if C > 1 else f"{c} = lane + {e * TPR}")
+                need = (e + 1) * TPR > last
             ok = g.new("ok")
             if need:
-                g(f"{ok} = rv & ({c} < {NC})")
+                g(f"{ok} = rv & ({c} < {self.nvec})")
                 cc = g.new("cc")
-                g(f"{cc} = min({c}, {NC - 1})")
+                g(f"{cc} = min({c}, {self.nvec} - 1)")
             elif rv == "True":
                 ok = "True"  # every lane holds a valid vector: no branch (fewer blocks: faster compiles)
                 cc = c
@@ -820,25 +838,48 @@ class _Inner(_Kernel):
             xs.append(names)
             oks.append(ok)
             offs.append(o)
+        # Peeled rows: the up to 2 (V - 1) values around the whole vectors, handled by one thread of the row (of
+        # the cluster's first CTA) as single values. Loaded again where each pass needs them (a masked load is a
+        # no-op on the other threads) rather than held across the reductions beside the row's vectors.
+        edge_at = []
+        if self.peel:
+            who = "lane == 0 and rv" + (" and crank == 0" if C > 1 else "")
+            edge_at = self.edges(g, who)
+
+        def edges(shift):
+            """[(value, d, ok)]: the edges loaded (0 where not this thread's), ``shift``: as the registers are
+            (x - pivot, masked to 0; scaled: x * scl - pivot * scl)."""
+            out = []
+            for d, ok in edge_at:
+                ev = g.new("ev")
+                g(f"{ev} = ldm1_{self.xt}(xp, xe + {d}, {ok})")
+                if shift:
+                    sh = f"{ev} * scl - pvs" if self.scaled else f"{ev} - pv"
+                    g(f"{ev} = ({sh}) * F32({ok})")
+                out.append((ev, d, ok))
+            return out
+
         if p.stat == "norm":
             # Two passes over the registers, each a plain sum across the CTA (cheaper than merging Welford
             # triples at every shuffle step): the CTA's mean, then squared deviations from it. The registers
             # hold x - pivot (masked lanes 0); mean is of the shifted values until the statistics are written.
             # A masked vector's lanes are multiplied by its 0/1 mask (one F32() per vector instead of a select
-            # per value: fewer calls for Numba to type). A NaN/Inf pivot means the row holds one: NaN anyway.
-            masks = {}
+            # per value: fewer calls for Numba to type), made again from its predicate in the second pass. A
+            # NaN/Inf pivot means the row holds one: NaN anyway.
             for names, ok in zip(xs, oks):
                 if ok != "True":
-                    masks[ok] = g.new("mk")
-                    g(f"{masks[ok]} = F32({ok})")
+                    mk = g.new("mk")
+                    g(f"{mk} = F32({ok})")
                 for nm in names:
                     d = f"{nm} * scl - pvs" if self.scaled else f"{nm} - pv"
-                    g(f"{nm} = {d}" if ok == "True" else f"{nm} = ({d}) * {masks[ok]}")
+                    g(f"{nm} = {d}" if ok == "True" else f"{nm} = ({d}) * {mk}")
             g(f"n = F32({float(p.reduced)!r})")
             g("s = F32(0.0)")
             for names in xs:
                 for nm in names:
                     g(f"s = s + {nm}")
+            for ev, _, _ in edges(True):
+                g(f"s = s + {ev}")
             self.reduce_sum(g, "s", "a")
             if C > 1:
                 self.cluster_sum(g, "s", 1)
@@ -847,7 +888,9 @@ class _Inner(_Kernel):
             for names, ok in zip(xs, oks):
                 t = g.new("t")
                 g(f"{t} = " + " + ".join(f"({nm} - mean) * ({nm} - mean)" for nm in names))
-                g(f"m2 = m2 + {t}" if ok == "True" else f"m2 = m2 + {t} * {masks[ok]}")
+                g(f"m2 = m2 + {t}" if ok == "True" else f"m2 = m2 + {t} * F32({ok})")
+            for ev, _, ok in edges(True):
+                g(f"m2 = m2 + ({ev} - mean) * ({ev} - mean) * F32({ok})")
             self.reduce_sum(g, "m2", "b")
             if C > 1:
                 self.cluster_sum(g, "m2", 2)
@@ -857,6 +900,8 @@ class _Inner(_Kernel):
                 for nm in names:
                     # scaled: the registers stay unscaled (y uses the unscaled rstd), only the squares see scl
                     g(f"q = q + ({nm} * scl) * ({nm} * scl)" if self.scaled else f"q = q + {nm} * {nm}")
+            for ev, _, _ in edges(False):  # 0 where not this thread's (masked loads)
+                g(f"q = q + ({ev} * scl) * ({ev} * scl)" if self.scaled else f"q = q + {ev} * {ev}")
             self.reduce_sum(g, "q", "a")
             if C > 1:
                 self.cluster_sum(g, "q", 1)
@@ -866,6 +911,8 @@ class _Inner(_Kernel):
         var = self.emit_row_affine(g)
         for names, ok, o in zip(xs, oks, offs):
             self.emit_normalize_vec(g, names, o, var, ok, hint=self.h_y)
+        if edge_at:  # shifted as the registers are (RMS: as loaded), normalized as they are
+            self.emit_edge_normalize(g, var, None, held=edges(p.stat == "norm"))
         if C > 1:
             g("cluster_wait()  # peers may still read this CTA's shared memory until they arrive")
         # CTAs under 512 threads holding more than 32 values per thread: keep two of them per SM (at most 128

@@ -249,7 +249,7 @@ STAGED_VECTORS = (2, 8)
 # ... within the static shared memory a kernel may declare (48 KiB): the padded chunk (33 words per 32) plus
 # scale and shift. 16-bit rows of 7 values once took E = 7 (58 KiB) and failed to assemble.
 STAGED_MAX_SHARED_BYTES = 48 * 1024
-# Alignment peeling (1: on) for the streaming inner schedules (looped, split, coop): rows whose length (or
+# Alignment peeling (1: on) for the inner schedules that stream or hold rows (looped, split, coop, persistent): rows whose length (or
 # stride) is not a multiple of the 16-byte vector start at varying alignments, so pick_vec can only give
 # scalar accesses. Peeled, each row's values before its first 16-byte boundary (at most vec - 1) and after
 # its last whole vector are handled one at a time by one thread, the rest as aligned 16-byte vectors (scale
@@ -257,6 +257,11 @@ STAGED_MAX_SHARED_BYTES = 48 * 1024
 # contiguous reduced run, and row offsets of x and out equal modulo the vector (the same head in both).
 # Measured on the H200: see docs/performance.md.
 PEEL = 1
+# ... and for the persistent schedule (held in registers, also over a cluster) where a row has at least this many
+# whole vectors: the edges are then a small part of a row. Shorter rows (several per warp) keep their narrower
+# aligned accesses. Measured on an H100 (4 x 400,001 float32, a cluster of 16 x 512 threads): see
+# docs/performance.md.
+PEEL_PERSISTENT_MIN_VECTORS = 32
 # Default multiprocessor count when planning without a GPU: H100/H200 SXM have 132 SMs.
 DEFAULT_SMS = 132
 
@@ -996,9 +1001,10 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
     along_row = any(getattr(p, f"{w}_dtype") is not None and inner.stride(w) != 0 for w in ("scale", "shift"))
     streaming = ("looped", "split", "coop")
     pv = 0 if peel_vec else _peel_vec(p, dbytes, unit, vec)
-    if schedule in streaming and pv:
+    long_rows = p.reduced >= PEEL_PERSISTENT_MIN_VECTORS * pv
+    if pv and (schedule in streaming or (schedule == "persistent" and long_rows)):
         peeled = _plan_inner(p, common, dbytes, unit, why_in, force_in, csizes, peel_vec=pv)
-        if peeled.schedule in streaming:
+        if peeled.schedule in streaming or (peeled.schedule == "persistent" and long_rows):
             return peeled
     hints = _hints("inner", schedule, p.kept * p.reduced * dbytes["x"], why,
                    row_params_16bit=cluster == 1 and dbytes["x"] == 2 and along_row, arch=common["arch"])

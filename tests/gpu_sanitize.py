@@ -28,6 +28,8 @@ import time
 # (name, spec text, spec sizes, shape, memory order (dims outermost-first) or None, dtype, schedule)
 CASES = [
     ("inner-persistent", "t d : norm over d ; scale d ; shift d", {}, (37, 1003), None, "float32", None),
+    # odd rows held in registers: peeled (PEEL_PERSISTENT_MIN_VECTORS), the edges by one thread of each row
+    ("inner-persistent-peeled-f16", "t d : norm over d ; scale d ; shift d", {}, (5, 1031), None, "float16", None),
     ("inner-persistent-rms-bf16", "t d : rms over d ; scale d", {}, (33, 520), None, "bfloat16", None),
     # short rows through shared memory; 1037 x 10 is not whole 16-byte vectors (a ragged last vector)
     ("inner-staged", "t d : norm over d ; scale d ; shift d", {}, (1037, 10), None, "float32", None),

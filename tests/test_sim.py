@@ -660,6 +660,39 @@ def test_inner_cluster(spec, shape, dtype, cluster_size):
     assert plan.cluster == cluster_size and plan.grid == plan.kept * cluster_size
 
 
+@pytest.mark.parametrize("spec,shape,dtype", [
+    (LN, (2, 1031), "float32"),
+    (RMS, (3, 2049), "bfloat16"),
+    (ROW_SCALE, (2, 1030), "float16"),
+], ids=["layer", "rms-bf16", "row-scale-f16"])
+def test_inner_cluster_peeled_rows(spec, shape, dtype, cluster_size):
+    """Odd rows held over a cluster: peeled (vectors from each row's first 16-byte boundary, the edges held as
+    single values by the first CTA's first thread), as 4 x 400,001 float32 is planned."""
+    _, _, _, plan = run_case(spec, make_x(shape, dtype), schedule="cluster", expect=("inner", "persistent"))
+    assert plan.cluster == cluster_size and plan.peel and plan.vec == 16 // np.dtype(np_dtype(dtype)).itemsize
+
+
+@pytest.mark.parametrize("spec,shape,dtype", [
+    (LN, (3, 1031), "float32"),
+    (LN, (4, 777), "float16"),
+    (RMS, (3, 517), "float16"),
+    (ROW_SCALE, (4, 263), "bfloat16"),
+    (LN, (5, 131), "float32"),  # 32 vectors a row: 8 threads per row, 32 rows per CTA (5 of them real)
+], ids=["layer", "layer-f16", "rms-f16", "row-scale-bf16", "rows-share-a-cta"])
+def test_inner_persistent_peeled_rows(spec, shape, dtype):
+    """Rows held in registers whose length is not a multiple of the 16-byte vector: peeled where a row has at
+    least PEEL_PERSISTENT_MIN_VECTORS whole vectors (rows start at varying alignments: the rows of each case
+    start at every offset within a vector), y and the statistics against float64."""
+    _, _, _, plan = run_case(spec, make_x(shape, dtype), expect=("inner", "persistent"))
+    assert plan.peel and plan.vec == 16 // np.dtype(np_dtype(dtype)).itemsize and plan.cluster == 1
+
+
+def test_short_odd_rows_held_in_registers_are_not_peeled():
+    """Below PEEL_PERSISTENT_MIN_VECTORS whole vectors a persistent row keeps its narrower aligned accesses."""
+    _, _, _, plan = run_case(LN, make_x((3, 127), "float32"), expect=("inner", "persistent"))
+    assert not plan.peel and plan.vec == 1
+
+
 @pytest.mark.parametrize("spec,shape,dtype,g", [
     (IN2, (2, 8, 5, 5), "float32", None),
     (BN, (3, 4, 3, 3), "float16", None),
