@@ -297,7 +297,8 @@ class Plan:
         splits: CTAs per reduction (split and coop schedules), else 1.
         cluster: CTAs per thread-block cluster sharing one reduction through distributed shared memory
             (persistent schedule on sm_90+), else 1.
-        peel: inner streaming schedules: rows start at varying alignments within a ``vec`` vector (PEEL);
+        peel: inner streaming and persistent schedules: rows start at varying alignments within a ``vec`` vector
+            (PEEL, PEEL_PERSISTENT_MIN_VECTORS);
             each row's first values up to a vector boundary and its last values after its last whole vector
             are handled one at a time by one thread, the rest as aligned vectors.
         finish_splits: outer/mixed split: CTAs of the normalize (third) kernel per split CTA, each
@@ -1001,7 +1002,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
     along_row = any(getattr(p, f"{w}_dtype") is not None and inner.stride(w) != 0 for w in ("scale", "shift"))
     streaming = ("looped", "split", "coop")
     pv = 0 if peel_vec else _peel_vec(p, dbytes, unit, vec)
-    long_rows = p.reduced >= PEEL_PERSISTENT_MIN_VECTORS * pv
+    long_rows = pv and (p.reduced - (pv - 1)) // pv >= PEEL_PERSISTENT_MIN_VECTORS  # whole vectors, at least
     if pv and (schedule in streaming or (schedule == "persistent" and long_rows)):
         peeled = _plan_inner(p, common, dbytes, unit, why_in, force_in, csizes, peel_vec=pv)
         if peeled.schedule in streaming or (peeled.schedule == "persistent" and long_rows):

@@ -1,5 +1,5 @@
-"""Loading compiled kernels into the current CUDA context and launching them through the CUDA driver API
-(``cuda.bindings``).
+"""Loading compiled kernels (as context-independent libraries) and launching them through the CUDA driver
+API (``cuda.bindings``).
 
 A kernel is launched with plain 64-bit pointer arguments (seven forward, nine backward) packed into a
 parameter buffer built once per kernel: one ``cuLaunchKernel`` (``cuLaunchKernelEx`` for clusters,
@@ -18,6 +18,7 @@ import functools
 import os
 import struct
 import threading
+import weakref
 
 from cuda.bindings import driver as _cu
 
@@ -169,7 +170,7 @@ PDL = os.environ.get("NORMC_PDL", "1") != "0"
 # Kernel arguments are 64-bit integers (pointers, or 0 for an absent one): the forward kernels take 7, the
 # backward kernels 9. A Loaded kernel's parameter buffer has room for MAX_ARGS of them.
 MAX_ARGS = 16
-_PACK = tuple(struct.Struct(f"<{n}Q").pack_into for n in range(MAX_ARGS + 1))
+_PACK = tuple(struct.Struct(f"<{n}Q").pack_into for n in range(MAX_ARGS + 1))  # by argument count
 
 # Streams seen by launches, as cuda.bindings CUstream objects (building one per launch costs ~0.1 us)
 _streams: dict = {}
@@ -192,8 +193,12 @@ def _launch_attribute(name: str, set_value):
 
 
 class Loaded:
-    """A kernel loaded in the current CUDA context (the primary context of its device, made current by
-    :func:`set_device` before loading): ``loaded.launcher(stream_handle, *pointers)`` launches it.
+    """A kernel loaded for the device current at loading (made current by :func:`set_device`):
+    ``loaded.launcher(stream_handle, *pointers)`` launches it.
+
+    The cubin (else the PTX, for the driver to JIT-compile) is loaded as a context-independent library
+    (``cuLibraryLoadData``, as cuda.core loads it) and launched as its ``CUkernel``, which runs in the context
+    of the stream it is launched on; the library is unloaded when the object is collected.
 
     Attributes:
         entry: the kernel's name; ``grid`` and ``block``: CTAs launched and threads per CTA; ``cluster``: CTAs
@@ -204,36 +209,40 @@ class Loaded:
         CompileError: neither the cubin nor the PTX loads on this device.
     """
 
-    __slots__ = ("module", "function", "entry", "grid", "block", "cluster", "coop", "pdl", "cluster_allowed",
-                 "_args", "_params", "_params_ptr", "_configs", "_lock")
+    __slots__ = ("library", "function", "entry", "grid", "block", "cluster", "coop", "pdl", "cluster_allowed",
+                 "_args", "_params", "_params_ptr", "_configs", "_lock", "__weakref__")
 
     def __init__(self, ptx: str, cubin: bytes | None, entry: str, grid: int, block: int, cluster: int = 1,
                  coop: bool = False, pdl: bool = False):
         errors = []
-        self.module = None
+        self.library = None
         for what, image in (("cubin", cubin), ("PTX JIT", ptx.encode() + b"\0" if ptx else None)):
-            if self.module is None and image:
-                err, module = _cu.cuModuleLoadData(image)
+            if self.library is None and image:
+                err, library = _cu.cuLibraryLoadData(image, [], [], 0, [], [], 0)
                 if err:
                     errors.append(f"{what}: {_error_name(err)}")
                 else:
-                    self.module = module
-        if self.module is None:
+                    self.library = library
+        if self.library is None:
             raise CompileError(
                 "could not load the kernel on this device (" + "; ".join(errors) + "). If the PTX ISA is "
                 "newer than the driver, install an nvJitLink at least as new as the NVVM that produced it, or "
                 "a NVVM no newer than the driver"
             )
-        self.function = _check(_cu.cuModuleGetFunction(self.module, entry.encode()), f"cuModuleGetFunction({entry})",
+        # unload when collected (not at interpreter exit, when the driver may already be shutting down)
+        weakref.finalize(self, _cu.cuLibraryUnload, self.library).atexit = False
+        self.function = _check(_cu.cuLibraryGetKernel(self.library, entry.encode()), f"cuLibraryGetKernel({entry})",
                                CompileError)
         self.entry, self.block, self.cluster, self.coop = entry, block, cluster, coop
         self.pdl = bool(pdl and PDL and cluster <= 1 and not coop)
         self.cluster_allowed = True
+        if cluster > 8 or coop:
+            dev = _check(_cu.cuCtxGetDevice(), "cuCtxGetDevice")
         if cluster > 8:
             # clusters of more than 8 CTAs need cudaFuncAttributeNonPortableClusterSizeAllowed; where the driver
             # refuses it, clusters_fit() says no and the runtime plans smaller clusters
-            err, = _cu.cuFuncSetAttribute(
-                self.function, _cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+            err, = _cu.cuKernelSetAttribute(
+                _cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1, self.function, dev)
             self.cluster_allowed = not err
         if coop:
             # A cooperative kernel's CTAs wait for each other: launch no more than are co-resident (the
@@ -243,7 +252,6 @@ class Loaded:
                             f"{entry}: cuOccupancyMaxActiveBlocksPerMultiprocessor", CompileError)
             if per_sm < 1:
                 raise CompileError(f"{entry}: no CTA of {block} threads fits an SM; cannot launch cooperatively")
-            dev = _check(_cu.cuCtxGetDevice(), "cuCtxGetDevice")
             sms = _check(_cu.cuDeviceGetAttribute(_attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
                          "cuDeviceGetAttribute")
             grid = min(grid, per_sm * sms)

@@ -21,24 +21,30 @@ class FakeDriver:
     def __init__(self, monkeypatch, fail=(), per_sm=2, sms=132):
         self.images, self.launches, self.fail = [], [], set(fail)
         self.per_sm, self.sms = per_sm, sms
-        for name in ("cuModuleLoadData", "cuModuleGetFunction", "cuLaunchKernel", "cuLaunchKernelEx",
-                     "cuFuncSetAttribute", "cuOccupancyMaxActiveBlocksPerMultiprocessor", "cuCtxGetDevice",
-                     "cuDeviceGetAttribute"):
+        self.unloaded = []
+        for name in ("cuLibraryLoadData", "cuLibraryGetKernel", "cuLibraryUnload", "cuLaunchKernel",
+                     "cuLaunchKernelEx", "cuKernelSetAttribute", "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                     "cuCtxGetDevice", "cuDeviceGetAttribute"):
             monkeypatch.setattr(gpu._cu, name, getattr(self, name))
 
     def _err(self, what):
         return driver.CUresult.CUDA_ERROR_INVALID_IMAGE if what in self.fail else OK
 
-    def cuModuleLoadData(self, image):
+    def cuLibraryLoadData(self, image, jit_options, jit_values, n_jit, lib_options, lib_values, n_lib):
+        assert (jit_options, jit_values, n_jit, lib_options, lib_values, n_lib) == ([], [], 0, [], [], 0)
         kind = "ptx" if image.endswith(b"\0") else "cubin"
         self.images.append(image)
-        return (self._err(kind), f"module:{kind}")
+        return (self._err(kind), f"library:{kind}")
 
-    def cuModuleGetFunction(self, module, name):
-        return (OK, (module, name))
+    def cuLibraryGetKernel(self, library, name):
+        return (OK, (library, name))
 
-    def cuFuncSetAttribute(self, function, attribute, value):
-        self.non_portable = (attribute, value)
+    def cuLibraryUnload(self, library):
+        self.unloaded.append(library)
+        return (OK,)
+
+    def cuKernelSetAttribute(self, attribute, value, kernel, dev):
+        self.non_portable = (attribute, value, kernel, dev)
         return (self._err("non-portable"),)
 
     def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, function, block, smem):
@@ -80,7 +86,7 @@ class FakeDriver:
 def test_plain_launch_passes_the_arguments_through_the_parameter_buffer(monkeypatch):
     fake = FakeDriver(monkeypatch)
     k = gpu.Loaded("ptx text", b"cubin bytes", "normc_kernel", 528, 256)
-    assert fake.images == [b"cubin bytes"] and k.function == ("module:cubin", b"normc_kernel")
+    assert fake.images == [b"cubin bytes"] and k.function == ("library:cubin", b"normc_kernel")
     fake.nargs = 7
     args = (0x7F0000001000, 0x7F0000002000, 0, 0x7F0000003000, 0, 0, 2**64 - 1)
     k.launcher(0, *args)
@@ -130,7 +136,8 @@ def test_cooperative_kernel_that_fits_no_sm_is_an_error(monkeypatch):
 def test_refused_non_portable_cluster_reads_as_not_fitting(monkeypatch):
     fake = FakeDriver(monkeypatch, fail={"non-portable"})
     k = gpu.Loaded("ptx", b"cubin", "e", 64, 128, 16)
-    assert fake.non_portable == (driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+    assert fake.non_portable == (driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1,
+                                 k.function, 0)
     assert k.clusters_fit() is False
     assert gpu.Loaded("ptx", b"cubin", "e", 64, 128, 8).cluster_allowed  # 8: portable, nothing asked
 
@@ -138,7 +145,7 @@ def test_refused_non_portable_cluster_reads_as_not_fitting(monkeypatch):
 def test_falls_back_to_the_ptx_and_then_says_why_nothing_loads(monkeypatch):
     fake = FakeDriver(monkeypatch, fail={"cubin"})
     k = gpu.Loaded("the ptx", b"cubin", "e", 1, 32)
-    assert fake.images == [b"cubin", b"the ptx\0"] and k.function[0] == "module:ptx"
+    assert fake.images == [b"cubin", b"the ptx\0"] and k.function[0] == "library:ptx"
     FakeDriver(monkeypatch, fail={"cubin", "ptx"})
     with pytest.raises(normc.CompileError, match=r"cubin: CUDA_ERROR_INVALID_IMAGE; PTX JIT: CUDA_ERROR_INVALID_IMAGE"):
         gpu.Loaded("the ptx", b"cubin", "e", 1, 32)
@@ -183,3 +190,16 @@ def test_concurrent_launches_of_one_kernel_keep_their_own_arguments(monkeypatch)
     assert len(fake.launches) == 800
     for L in fake.launches:
         assert len(set(L["args"])) == 1 and L["args"][0] // 1000 == L["stream"]
+
+
+def test_a_collected_kernel_unloads_its_library(monkeypatch):
+    """Each Loaded owns its library (cuLibraryLoadData): dropping it (a Compiled object going away, or a plan
+    load_fitting_clusters rejected) unloads the library instead of keeping it for the life of the process."""
+    import gc
+
+    fake = FakeDriver(monkeypatch)
+    k = gpu.Loaded("ptx", b"cubin", "e", 1, 32)
+    assert fake.unloaded == []
+    del k
+    gc.collect()
+    assert fake.unloaded == ["library:cubin"]
