@@ -625,7 +625,7 @@ class _Inner(_Kernel):
             g(f"qe = qe + sel({ok}, ({e} - me) * ({e} - me), F32(0.0))")
         _chan(g, "n", "mean", "m2", "ne", "me", "qe")
 
-    def emit_edge_normalize(self, g, var, who, held=None):
+    def emit_edge_normalize(self, g, var, who=None, held=None):
         """Peeled rows: normalize and store the edge values (one at a time, by ``who``). ``held``: the
         persistent kernel's edges as ``[(value, d, ok)]``, shifted as its registers are (normalized as they are);
         else they are loaded from x here and normalized as loaded."""
@@ -912,7 +912,7 @@ class _Inner(_Kernel):
         for names, ok, o in zip(xs, oks, offs):
             self.emit_normalize_vec(g, names, o, var, ok, hint=self.h_y)
         if edge_at:  # shifted as the registers are (RMS: as loaded), normalized as they are
-            self.emit_edge_normalize(g, var, None, held=edges(p.stat == "norm"))
+            self.emit_edge_normalize(g, var, held=edges(p.stat == "norm"))
         if C > 1:
             g("cluster_wait()  # peers may still read this CTA's shared memory until they arrive")
         # CTAs under 512 threads holding more than 32 values per thread: keep two of them per SM (at most 128

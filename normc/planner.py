@@ -249,9 +249,9 @@ STAGED_VECTORS = (2, 8)
 # ... within the static shared memory a kernel may declare (48 KiB): the padded chunk (33 words per 32) plus
 # scale and shift. 16-bit rows of 7 values once took E = 7 (58 KiB) and failed to assemble.
 STAGED_MAX_SHARED_BYTES = 48 * 1024
-# Alignment peeling (1: on) for the inner schedules that stream or hold rows (looped, split, coop, persistent): rows whose length (or
-# stride) is not a multiple of the 16-byte vector start at varying alignments, so pick_vec can only give
-# scalar accesses. Peeled, each row's values before its first 16-byte boundary (at most vec - 1) and after
+# Alignment peeling (1: on) for the inner schedules that stream rows (looped, split, coop) or hold them
+# (persistent, see PEEL_PERSISTENT_MIN_VECTORS): rows whose length (or stride) is not a multiple of the
+# 16-byte vector start at varying alignments, so pick_vec can only give scalar accesses. Peeled, each row's values before its first 16-byte boundary (at most vec - 1) and after
 # its last whole vector are handled one at a time by one thread, the rest as aligned 16-byte vectors (scale
 # and shift, misaligned against them, are read one value at a time). Needs x and out 16-byte aligned, one
 # contiguous reduced run, and row offsets of x and out equal modulo the vector (the same head in both).
@@ -1002,10 +1002,12 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
     along_row = any(getattr(p, f"{w}_dtype") is not None and inner.stride(w) != 0 for w in ("scale", "shift"))
     streaming = ("looped", "split", "coop")
     pv = 0 if peel_vec else _peel_vec(p, dbytes, unit, vec)
-    long_rows = pv and (p.reduced - (pv - 1)) // pv >= PEEL_PERSISTENT_MIN_VECTORS  # whole vectors, at least
-    if pv and (schedule in streaming or (schedule == "persistent" and long_rows)):
+    # held rows are peeled when even a row starting just past a boundary keeps enough whole vectors
+    long_rows = pv and (p.reduced - (pv - 1)) // pv >= PEEL_PERSISTENT_MIN_VECTORS
+    peelable = streaming + (("persistent",) if long_rows else ())
+    if pv and schedule in peelable:
         peeled = _plan_inner(p, common, dbytes, unit, why_in, force_in, csizes, peel_vec=pv)
-        if peeled.schedule in streaming or (peeled.schedule == "persistent" and long_rows):
+        if peeled.schedule in peelable:
             return peeled
     hints = _hints("inner", schedule, p.kept * p.reduced * dbytes["x"], why,
                    row_params_16bit=cluster == 1 and dbytes["x"] == 2 and along_row, arch=common["arch"])

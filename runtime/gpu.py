@@ -24,7 +24,6 @@ from cuda.bindings import driver as _cu
 
 from ..errors import ArgumentError, CompileError
 
-_SUCCESS = _cu.CUresult.CUDA_SUCCESS
 _attr = _cu.CUdevice_attribute
 
 
@@ -185,10 +184,10 @@ def _stream(handle: int):
     return s
 
 
-def _launch_attribute(name: str, set_value):
+def _launch_attribute(name: str):
+    """A ``CUlaunchAttribute`` with id ``CU_LAUNCH_ATTRIBUTE_<name>``; the caller sets its value."""
     attr = _cu.CUlaunchAttribute()
-    attr.id = getattr(_cu.CUlaunchAttributeID, name)
-    set_value(attr.value)
+    attr.id = getattr(_cu.CUlaunchAttributeID, "CU_LAUNCH_ATTRIBUTE_" + name)
     return attr
 
 
@@ -276,14 +275,17 @@ class Loaded:
         cfg.hStream = stream
         attrs = []
         if self.cluster > 1:
-            def cluster_dims(v):
-                v.clusterDim.x, v.clusterDim.y, v.clusterDim.z = self.cluster, 1, 1
-            attrs.append(_launch_attribute("CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION", cluster_dims))
+            a = _launch_attribute("CLUSTER_DIMENSION")
+            a.value.clusterDim.x, a.value.clusterDim.y, a.value.clusterDim.z = self.cluster, 1, 1
+            attrs.append(a)
         if self.coop:
-            attrs.append(_launch_attribute("CU_LAUNCH_ATTRIBUTE_COOPERATIVE", lambda v: setattr(v, "cooperative", 1)))
+            a = _launch_attribute("COOPERATIVE")
+            a.value.cooperative = 1
+            attrs.append(a)
         if self.pdl:
-            attrs.append(_launch_attribute("CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION",
-                                           lambda v: setattr(v, "programmaticStreamSerializationAllowed", 1)))
+            a = _launch_attribute("PROGRAMMATIC_STREAM_SERIALIZATION")
+            a.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(a)
         cfg.attrs, cfg.numAttrs = attrs, len(attrs)
         return cfg
 

@@ -16,7 +16,7 @@ A = driver.CUlaunchAttributeID
 
 
 class FakeDriver:
-    """Records the module loads and launches normc asks for; ``fail`` names calls that return an error."""
+    """Records the library loads and launches normc asks for; ``fail`` names calls that return an error."""
 
     def __init__(self, monkeypatch, fail=(), per_sm=2, sms=132):
         self.images, self.launches, self.fail = [], [], set(fail)
