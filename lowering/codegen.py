@@ -793,9 +793,13 @@ class _Inner(_Kernel):
         through distributed shared memory, in rank order (every CTA gets the same result). Peeled rows
         (plan.peel) hold their whole vectors so; their edge values are folded in by one thread."""
         p, V, TPR, NC, E = self.p, self.V, self.TPR, self.NC, self.p.per_thread
-        C = p.cluster
+        # CTAs a row is spread over: a cluster's (partial sums through distributed shared memory) or a
+        # co-resident grid's (plan.splits > 1: through the workspace, grid_sum)
+        G = p.splits if p.cluster == 1 else 1
+        C = p.cluster * G
         CH = E * TPR
         interleave = C > 1 and CLUSTER_INTERLEAVE
+        kernels = [self.counter_zero(3 * C * p.kept)] if G > 1 else []
         g = _Src()
         self.prologue(g, "normc_inner")
         g(f"lane = tid % {TPR}" if self.RPC > 1 else "lane = tid")
@@ -881,9 +885,22 @@ class _Inner(_Kernel):
             for ev, _, _ in edges(True):
                 g(f"s = s + {ev}")
             self.reduce_sum(g, "s", "a")
-            if C > 1:
+            if G > 1:
+                # over a grid: the CTA's own mean and M2 (its count cn), merged once across the row's CTAs
+                # (grid_merge): one exchange through the workspace instead of one per pass
+                unmasked = sum(ok == "True" for ok in oks)
+                g(f"cn = F32({float(unmasked * V)!r})")
+                for ok in oks:
+                    if ok != "True":
+                        g(f"cn = cn + F32({ok}) * F32({float(V)!r})")
+                for _, _, ok in edges(True):
+                    g(f"cn = cn + F32({ok})")
+                self.reduce_sum(g, "cn", "c")
+                g("mean = s / max(cn, F32(1.0))")
+            elif C > 1:
                 self.cluster_sum(g, "s", 1)
-            g("mean = s / n")
+            if G == 1:
+                g("mean = s / n")
             g("m2 = F32(0.0)")
             for names, ok in zip(xs, oks):
                 t = g.new("t")
@@ -892,7 +909,9 @@ class _Inner(_Kernel):
             for ev, _, ok in edges(True):
                 g(f"m2 = m2 + ({ev} - mean) * ({ev} - mean) * F32({ok})")
             self.reduce_sum(g, "m2", "b")
-            if C > 1:
+            if G > 1:
+                self.grid_merge(g, ("cn", "mean", "m2"))
+            elif C > 1:
                 self.cluster_sum(g, "m2", 2)
         else:
             g("q = F32(0.0)")
@@ -903,9 +922,11 @@ class _Inner(_Kernel):
             for ev, _, _ in edges(False):  # 0 where not this thread's (masked loads)
                 g(f"q = q + ({ev} * scl) * ({ev} * scl)" if self.scaled else f"q = q + {ev} * {ev}")
             self.reduce_sum(g, "q", "a")
-            if C > 1:
+            if G > 1:
+                self.grid_merge(g, ("q",))
+            elif C > 1:
                 self.cluster_sum(g, "q", 1)
-        if C > 1:
+        if p.cluster > 1:
             g("cluster_arrive()  # done reading the peers' shared memory (the wait is at kernel end)")
         self.finish_stats(g, "lane == 0 and rv and crank == 0", shifted=True)
         var = self.emit_row_affine(g)
@@ -913,14 +934,15 @@ class _Inner(_Kernel):
             self.emit_normalize_vec(g, names, o, var, ok, hint=self.h_y)
         if edge_at:  # shifted as the registers are (RMS: as loaded), normalized as they are
             self.emit_edge_normalize(g, var, held=edges(p.stat == "norm"))
-        if C > 1:
+        if p.cluster > 1:
             g("cluster_wait()  # peers may still read this CTA's shared memory until they arrive")
         # CTAs under 512 threads holding more than 32 values per thread: keep two of them per SM (at most 128
         # registers per thread, what a 512-thread CTA gets), so one's loads overlap the other's reduction
         wide = p.threads < PERSISTENT_SM_THREADS and E * V > 32
-        return KernelSource("normc_inner", g.text(), p.grid, p.threads, self.shared, self.ptypes(), C,
+        main = KernelSource("normc_inner", g.text(), p.grid, p.threads, self.shared, self.ptypes(), p.cluster,
                             min_ctas=PERSISTENT_SM_THREADS // p.threads if wide else 0,
-                            max_spill=PERSISTENT_MAX_SPILL if wide else 0)
+                            max_spill=PERSISTENT_MAX_SPILL if wide else 0, coop=G > 1)
+        return kernels + [main]
 
     def staged(self):
         """Short contiguous rows (planner's STAGED_MAX_ROW_BYTES) through shared memory. CTA ``bid`` owns the
@@ -1059,6 +1081,60 @@ class _Inner(_Kernel):
         g(f"{name} = dsmem_ld(sX{rnd}, 0, 0)")
         with g.block(f"for k in range(1, {C}):"):
             g(f"{name} = {name} + dsmem_ld(sX{rnd}, 0, k)")
+
+    def grid_merge(self, g, names):
+        """Merge CTA-uniform statistics over the ``plan.splits`` CTAs of a co-resident grid holding row ``row``:
+        ``names`` is ``(count, mean, M2)`` (norm: merged with Chan's formula) or ``(q,)`` (rms: summed). Thread 0
+        writes the CTA's values to its workspace slots (3 per CTA), arrives on the row's counter (release) and
+        waits (acquire) until all ``splits`` CTAs have arrived; then each warp merges the row's values in the
+        same fixed order (lane l takes CTAs l, l + 32, ... in turn, then a xor butterfly, then lane 0's result),
+        so every CTA gets the same statistics bit for bit. The counters follow the 3 x splits slots of each
+        row (zeroed by ``counter_zero``)."""
+        p, S = self.p, self.p.splits
+        cnt = f"{3 * S * p.kept} + row"
+        with g.block("if tid == 0:"):
+            for k, nm in enumerate(names):
+                g(f"st1_f32(wp, (row * {S} + crank) * 3 + {k}, {nm})")
+            g(f"arrive_u32(wp, {cnt})  # release: the values are visible before the count")
+            with g.block(f"while acquire_u32(wp, {cnt}) < {S}:"):
+                g("pass")
+        g("cuda.syncthreads()")
+        acc = [g.new("a") for _ in names]
+        for a in acc:
+            g(f"{a} = F32(0.0)")
+        for j in range(-(-S // 32)):
+            k, ok = g.new("k"), g.new("ok")
+            g(f"{k} = tid % 32 + {32 * j}")
+            g(f"{ok} = F32({k} < {S})")
+            vals = [g.new("v") for _ in names]
+            for i, v in enumerate(vals):  # a slot past S: zeros (count 0 merges as nothing)
+                g(f"{v} = ldcg_f32(wp, (row * {S} + min({k}, {S - 1})) * 3 + {i}) * {ok}")
+            if len(names) == 3:
+                _chan(g, *acc, *vals)
+            else:
+                g(f"{acc[0]} = {acc[0]} + {vals[0]}")
+        off = 16
+        while off >= 1:
+            o = [g.new("o") for _ in names]
+            for a, oo in zip(acc, o):
+                g(f"{oo} = shfl_xor({a}, {off})")
+            if len(names) == 3:
+                _chan(g, *acc, *o)
+            else:
+                g(f"{acc[0]} = {acc[0]} + {o[0]}")
+            off //= 2
+        for nm, a in zip(names, acc):  # xor merges are not symmetric in rounding: lane 0's result for all
+            g(f"{nm} = shfl_idx({a}, 0)")
+
+    def counter_zero(self, n):
+        """The tiny kernel before a cooperative one: zero the ``plan.kept`` arrival counters at float32 offset
+        ``n`` of the workspace (COUNTER_ZERO_GRID CTAs)."""
+        p = self.p
+        g = _Src()
+        self.prologue(g, "normc_inner_zero")
+        with g.block(f"for i in range(bid * {p.threads} + tid, {p.kept}, {COUNTER_ZERO_GRID * p.threads}):"):
+            g(f"st1_f32(wp, {n} + i, F32(0.0))  # +0.0 has the bits of the u32 0")
+        return KernelSource("normc_inner_zero", g.text(), COUNTER_ZERO_GRID, p.threads, 0, self.ptypes())
 
     def load_trip(self, g, hi, TPR, U, hint=""):
         """One trip of a streaming loop over a row (inside ``for base in range(..., TPR * U)``): U vectors
@@ -1355,11 +1431,7 @@ class _Inner(_Kernel):
         L = -(-self.NC // S)
         items = p.kept * S
         cnt = 3 * items  # the counters' offset in the workspace (u32 words)
-        g = _Src()
-        self.prologue(g, "normc_inner_zero")
-        with g.block(f"for i in range(bid * {p.threads} + tid, {p.kept}, {COUNTER_ZERO_GRID * p.threads}):"):
-            g(f"st1_f32(wp, {cnt} + i, F32(0.0))  # +0.0 has the bits of the u32 0")
-        k0 = KernelSource("normc_inner_zero", g.text(), COUNTER_ZERO_GRID, p.threads, 0, self.ptypes())
+        k0 = self.counter_zero(cnt)
         self.shared = 0
         g = _Src()
         self.prologue(g, "normc_inner_coop")
@@ -2104,7 +2176,7 @@ def generate(plan) -> list[KernelSource]:
     if plan.strategy == "inner":
         k = _Inner(plan)
         if plan.schedule == "persistent":
-            return [k.persistent()]
+            return k.persistent()
         if plan.schedule == "staged":
             return [k.staged()]
         if plan.schedule == "looped":

@@ -82,7 +82,7 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
         sms: multiprocessors assumed when sizing grids.
         aligns: byte alignment of the base pointers (dict: x, out, scale, shift; default 16).
         schedule: force a schedule as :func:`normc.compile` does (``"persistent"``, ``"staged"``, ``"looped"``,
-            ``"split"``, ``"coop"`` or ``"cluster"``; where the problem does not admit it, the planner keeps its
+            ``"split"``, ``"coop"``, ``"cluster"`` or ``"grid"``; where the problem does not admit it, the planner keeps its
             own choice and says why); None: the planner's choice.
 
     Returns:

@@ -195,6 +195,13 @@ COOP_CACHE_HINTS = 2
 # reduction spread over them merge without a second pass over x (QuACK's cluster reductions,
 # design/anchors.md).
 CLUSTER_SIZES = (2, 4, 8, 16)
+# Inner rows held in registers over a cluster when rows x cluster CTAs would fill at most this fraction of the
+# SMs (a cluster holds at most 16 CTAs: 4 rows of 400,001 float32 got 64 CTAs on 132 SMs) are held instead over
+# sms // rows CTAs of a co-resident grid, one per SM, launched cooperatively: each CTA writes its partial sum
+# to a workspace and waits on its row's arrival counter (zeroed by a first, tiny kernel) instead of a cluster
+# barrier (GRID_PERSISTENT 1: on, 0: off). Measured: docs/performance.md.
+GRID_PERSISTENT = 1
+GRID_PERSISTENT_MAX_FILL = 0.75
 # Most CTAs a 1D grid may have (gridDim.x <= 2^31 - 1: CUDA programming guide, "Compute capabilities").
 MAX_GRID_X = 2**31 - 1
 # Sizes above 8 are "non-portable": the runtime sets cudaFuncAttributeNonPortableClusterSizeAllowed (H100/H200
@@ -294,7 +301,8 @@ class Plan:
         tile: outer/mixed: columns per CTA tile (``nxc * vec``).
         group: mixed: columns per kept group (the short reduced axis' extent); 1 for outer.
         per_thread: persistent: vectors held per thread; looped/split: vectors loaded per loop trip.
-        splits: CTAs per reduction (split and coop schedules), else 1.
+        splits: CTAs per reduction (split and coop schedules; persistent rows held over a co-resident grid,
+            ``GRID_PERSISTENT``), else 1.
         cluster: CTAs per thread-block cluster sharing one reduction through distributed shared memory
             (persistent schedule on sm_90+), else 1.
         peel: inner streaming and persistent schedules: rows start at varying alignments within a ``vec`` vector
@@ -361,6 +369,8 @@ class Plan:
         """float32 elements of scratch the split and coop schedules need (0 otherwise)."""
         if self.schedule == "coop":
             return 3 * self.kept * self.splits + self.kept  # partial (n, mean, m2) per split, a counter per row
+        if self.schedule == "persistent" and self.splits > 1:
+            return 3 * self.kept * self.splits + self.kept  # (count, mean, M2) or q per CTA, a counter per row
         if self.schedule != "split":
             return 0
         if self.strategy == "inner":  # partials; a flat normalize kernel (finish_splits > 1): mean, factor per row
@@ -421,11 +431,14 @@ class Plan:
         if self.cluster > 1:
             lines.append(f"cluster:  {self.cluster} CTAs per reduction, partial statistics merged through "
                          "distributed shared memory")
+        if self.schedule == "persistent" and self.splits > 1:
+            lines.append(f"grid:     {self.splits} CTAs per reduction of a co-resident (cooperative) grid, partial "
+                         "sums exchanged through a workspace; counters zeroed by a first tiny kernel")
         if self.schedule == "coop":
             lines.append(f"coop:     cooperative grid of up to {self.grid} co-resident CTAs, "
                          f"{self.grid // self.splits} reductions in flight; counters zeroed by a first tiny kernel")
         nk = {"split": 2 if self.strategy == "inner" and self.finish_splits == 1 else 3,
-              "coop": 2}.get(self.schedule, 1)
+              "coop": 2}.get(self.schedule, 2 if self.splits > 1 else 1)
         if self.kept * self.reduced == 0:
             lines.append("launch:   none (zero-size input: nothing to compute)")
         else:
@@ -653,9 +666,11 @@ def make_plan(problem, *, arch="sm_90", sms=DEFAULT_SMS, schedule=None, max_clus
         problem: a :class:`normc.canonical.Problem`-like object (see :func:`normc.api.make_problem`).
         arch: target, e.g. ``"sm_90"``.
         sms: number of multiprocessors (132 on the H200) used to size grids.
-        schedule: force ``"looped"``, ``"split"``, ``"coop"`` (inner only), ``"staged"`` (inner, where it applies) or ``"cluster"`` (persistent over a thread-block cluster,
-            sm_90+) instead of the heuristic's choice (for tests and autotuning candidates); ``"persistent"``
-            is honoured only where the values fit in registers.
+        schedule: force ``"looped"``, ``"split"``, ``"coop"`` (inner only), ``"staged"`` (inner, where it
+            applies), ``"cluster"`` (persistent over a thread-block cluster, sm_90+) or ``"grid"`` (inner rows
+            held in registers over CTAs of a co-resident grid, at most one per SM, where they fit) instead of
+            the heuristic's choice (for tests and autotuning candidates); ``"persistent"`` is honoured only
+            where the values fit in registers.
         max_cluster: largest thread-block cluster to use (default: the largest of ``CLUSTER_SIZES``); the
             runtime lowers it when the device cannot co-schedule a cluster of the planned size.
 
@@ -840,6 +855,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
     K = p.kept
     sms = common["sms"]
     cluster = 1
+    grid_ctas = 0  # > 1: a row held over this many CTAs of a co-resident (cooperative) grid
     if nc <= 32:
         # Several vectors per thread (SHORT_ROW_VECTORS), so a row costs few shuffle steps: on 1M x 100 float32
         # one vector per thread spent more instructions per byte than the memory system takes to move it.
@@ -886,6 +902,15 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
                         f"memory: x read once"
                     )
                     break
+        if schedule is None and force is None and GRID_PERSISTENT and 0 < K <= sms:
+            # too long for a cluster, yet the rows fit the registers of one CTA per SM: a co-resident grid
+            S = min(sms // K, nc // INNER_WIDE_THREADS)
+            per_ = -(-nc // (max(S, 1) * INNER_WIDE_THREADS))
+            if S >= 2 and per_ * vec <= 2 * MAX_VALUES_PER_THREAD:
+                schedule, tpr, per, grid_ctas = "persistent", INNER_WIDE_THREADS, per_, S
+                why.append(f"{K} row(s) of {p.reduced} exceed a cluster's registers but fit {S} CTAs x {tpr} threads "
+                           f"x {per} vectors x {vec} each, one CTA per SM of a co-resident grid; partial sums "
+                           "exchanged through a workspace: x read once")
         if schedule in (None, "looped"):
             tpr = STREAM_THREADS
             per = LOOP_UNROLL
@@ -919,6 +944,25 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
                 why.append(f"only {K} rows for {sms} SMs: each row spread over a cluster of {C} CTAs "
                            f"({per} vectors per thread)")
                 break
+    if (schedule == "persistent" and cluster > 1 and force is None and GRID_PERSISTENT
+            and K * cluster <= GRID_PERSISTENT_MAX_FILL * sms):
+        S = min(sms // max(K, 1), nc // tpr)  # one CTA per SM, each at least one vector per thread
+        per_ = -(-nc // (max(S, 1) * tpr))
+        if S > cluster and per_ * vec <= 2 * MAX_VALUES_PER_THREAD:
+            why.append(f"{K} rows x a cluster of {cluster} would occupy {K * cluster} of {sms} SMs: each "
+                       f"row held over {S} CTAs of a co-resident grid ({K * S} CTAs, one per SM, {per_} vectors "
+                       "per thread), partial sums exchanged through a workspace: x read once")
+            grid_ctas, cluster, per = S, 1, per_
+    if force == "grid":
+        S = max(2, min(max(1, sms // max(K, 1)), nc // 32))
+        tpr_ = min(max(_next_pow2(-(-nc // S)), 32), MAX_PERSISTENT_THREADS)
+        per_ = -(-nc // (S * tpr_))
+        if per_ * vec <= 2 * MAX_VALUES_PER_THREAD and K * S <= sms:
+            schedule, cluster, tpr, per, grid_ctas = "persistent", 1, tpr_, per_, S
+            why.append(f"schedule forced to a co-resident grid of {S} CTAs x {tpr} threads per row")
+        else:
+            why.append(f"a row of {p.reduced} does not fit {S} co-resident CTAs of {MAX_PERSISTENT_THREADS} threads "
+                       f"(<= {2 * MAX_VALUES_PER_THREAD} values per thread) one per SM: grid schedule not forced")
     if force == "cluster":
         if not (_clusters_ok(common["arch"]) and bool(csizes)):
             why.append(f"clusters need sm_90 or newer ({common['arch']}): schedule not forced")
@@ -990,6 +1034,8 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
             if finish > 1:
                 why.append(f"each row's partials merged once by a middle kernel; normalize kernel over {finish} "
                            f"CTAs per split ({grid * finish} CTAs, about {INNER_FINISH_TRIPS} loop trips each)")
+    elif grid_ctas > 1:
+        splits, threads, rpc, grid = grid_ctas, tpr, 1, K * grid_ctas
     else:
         splits = 1
         if tpr >= CTA_THREADS or cluster > 1:

@@ -307,7 +307,7 @@ class Compiled:
     ``arch`` (override the device's compute capability: ``"sm_90"``, ``"compute_90"``, ``"90"``, ``90`` or
     ``(9, 0)``; checked here by :func:`normc.lowering.arch_cc`, an ArgumentError naming arch; the simulator checks
     it but does not use it: numpy input runs the sm_90 plan for 4 SMs whatever ``arch`` says), ``schedule`` (force
-    ``"persistent"``, ``"staged"``, ``"looped"``, ``"split"``, ``"coop"`` or ``"cluster"`` where the problem admits
+    ``"persistent"``, ``"staged"``, ``"looped"``, ``"split"``, ``"coop"``, ``"cluster"`` or ``"grid"`` where the problem admits
     it, for tests and tuning; default: the planner's choice), ``use_tuning`` (True: take a schedule
     :func:`normc.autotune` stored for the problem, where there is one). A Compiled pickles and deep-copies as its
     spec and these options: the specializations it compiled are rebuilt on first use (from the disk cache).
@@ -585,6 +585,10 @@ class Compiled:
         if plan.schedule == "coop" and kernels[-1].grid < plan.splits:
             # the CTAs of a row wait for each other: fewer co-resident than a row has would never finish
             raise CompileError(f"the coop plan spreads a row over {plan.splits} CTAs but only "
+                               f"{kernels[-1].grid} fit this device at once; use another schedule")
+        if plan.schedule == "persistent" and plan.splits > 1 and kernels[-1].grid < plan.grid:
+            # rows held over a co-resident grid: every CTA holds its slice of a row until all have arrived
+            raise CompileError(f"the plan holds {plan.kept} rows over {plan.grid} co-resident CTAs but only "
                                f"{kernels[-1].grid} fit this device at once; use another schedule")
         return _Entry(plan, kernels, xi.shape, out_strides, out_dtype, stat_shape, False, prob)
 

@@ -14,7 +14,7 @@ import dataclasses
 from ..errors import ArgumentError, CompileError
 from . import cache
 
-SCHEDULES = (None, "persistent", "staged", "looped", "split", "coop", "cluster")
+SCHEDULES = (None, "persistent", "staged", "looped", "split", "coop", "cluster", "grid")
 
 
 def _key(problem, arch, sms) -> str:

@@ -44,6 +44,38 @@ def test_misaligned_view_and_odd_extent():
     assert (y.double() - ref).abs().max().item() < 1e-4
 
 
+@pytest.mark.parametrize("rows,length,dtype,schedule", [
+    (4, 400001, "float32", None),  # anchor row 43's shape: the planner's grid
+    (1, 3000001, "float32", None),
+    (2, 1000003, "bfloat16", None),
+    (3, 65536, "float16", "grid"),
+    (7, 40000, "float32", "grid"),
+])
+def test_grid_persistent_rows(rows, length, dtype, schedule):
+    """Layer norm rows held over a co-resident grid (the planner's choice for few long rows, or forced), with
+    mean and rstd, against float64; repeated calls agree bit for bit (the counters are zeroed per launch)."""
+    torch = pytest.importorskip("torch")
+    import normc
+
+    dt = getattr(torch, dtype)
+    x = (torch.randn(rows, length, device="cuda") * 3 + 100).to(dt)
+    w = torch.randn(length, device="cuda").to(dt)
+    b = torch.randn(length, device="cuda").to(dt)
+    f = normc.compile(normc.layer_norm(), schedule=schedule)
+    y, mean, rstd = f(x, w, b, return_stats=True)
+    (entry,) = f._table.values()
+    assert entry.plan.splits > 1 and entry.plan.cluster == 1, entry.plan.describe()
+    xd = x.double()
+    ref = torch.nn.functional.layer_norm(xd, (length,), w.double(), b.double(), 1e-5)
+    tol = {"float32": 1e-4, "float16": 4e-3, "bfloat16": 3e-2}[dtype]
+    assert (y.double() - ref).abs().max().item() <= tol * ref.abs().max().item()
+    assert (mean.double().flatten() - xd.mean(-1)).abs().max().item() <= 1e-5 * 100
+    want = torch.rsqrt(xd.var(-1, unbiased=False) + 1e-5)
+    assert ((rstd.double().flatten() - want).abs() / want).max().item() <= 1e-4
+    for _ in range(3):
+        assert torch.equal(f(x, w, b), y)
+
+
 def test_many_rows_beyond_grid_y_limit():
     torch = pytest.importorskip("torch")
     import normc

@@ -45,9 +45,11 @@ def check_kernels(plan, arch="sm_90", uses=None):
     """Lower ``plan`` and assemble each kernel with ptxas, checking its PTX and resource use; ``uses`` (a dict),
     when given, receives each kernel's resource use by entry name."""
     kernels = lower(plan)
-    # split: a partial-statistics kernel, then merge/normalize kernel(s); coop: counters zeroed, then the
-    # cooperative kernel; otherwise a single kernel
-    assert len(kernels) >= 2 if plan.schedule in ("split", "coop") else len(kernels) == 1
+    # split: a partial-statistics kernel, then merge/normalize kernel(s); coop and rows held over a co-resident
+    # grid: counters zeroed, then the cooperative kernel; otherwise a single kernel
+    grid = plan.schedule == "persistent" and plan.splits > 1
+    assert len(kernels) >= 2 if plan.schedule in ("split", "coop") else len(kernels) == 1 + grid
+    assert [k.coop for k in kernels] == [False] * (len(kernels) - 1) + [plan.schedule == "coop" or grid]
     for k in kernels:
         assert len(re.findall(r"\.visible\s+\.entry\s", k.ptx)) == 1
         assert ".extern" not in k.ptx

@@ -672,6 +672,22 @@ def test_inner_cluster_peeled_rows(spec, shape, dtype, cluster_size):
     assert plan.cluster == cluster_size and plan.peel and plan.vec == 16 // np.dtype(np_dtype(dtype)).itemsize
 
 
+@pytest.mark.parametrize("spec,shape,dtype,splits", [
+    (LN, (2, 1031), "float32", 2),  # peeled: 257 whole vectors
+    (RMS, (1, 2053), "float16", 4),
+    (ROW_SCALE, (2, 263), "bfloat16", 2),  # scaled statistics, one vector per thread
+    (LN, (2, 700), "float32", 2),  # aligned rows, not peeled
+    (IN2, (1, 2, 16, 33), "float16", 2),  # instance norm: 528 values per (n, c)
+], ids=["layer", "rms-f16", "row-scale-bf16", "layer-aligned", "instance-nchw"])
+def test_inner_grid_persistent(spec, shape, dtype, splits):
+    """Rows held in registers over CTAs of a co-resident grid (forced "grid"): each CTA's partial sums go through
+    the workspace, every CTA waits on its row's counter (the simulator runs the cooperative grid as one block,
+    so they really wait for each other) and sums them in the same order; y and the statistics against float64."""
+    _, _, _, plan = run_case(spec, make_x(shape, dtype), schedule="grid", expect=("inner", "persistent"))
+    assert (plan.splits, plan.cluster, plan.grid) == (splits, 1, plan.kept * splits), plan.describe()
+    assert plan.workspace_floats == 3 * plan.kept * splits + plan.kept
+
+
 @pytest.mark.parametrize("spec,shape,dtype", [
     (LN, (3, 1031), "float32"),
     (LN, (4, 777), "float16"),
