@@ -63,6 +63,12 @@ PERSISTENT_MAX_SPILL = 64
 # the remainder, needs a mask on every vector (a peeled 4 x 400,001 float32 row: 13 masked vectors, 112 bytes
 # spilled at 128 registers; interleaved, none). Measured: docs/performance.md.
 CLUSTER_INTERLEAVE = 1
+# Inner rows held over a co-resident grid (planner GRID_PERSISTENT), norm: 1 exchanges each CTA's (count, mean,
+# M2) once per row (Chan merge), 0 the row's sum and then its squared deviations from the row's mean (two
+# exchanges, plain sums). Measured on an H100 (2026-12-06, two machines, both versions with every warp reading
+# the partials): one exchange 1.0-3.6 us slower on all seven long-row layer norms (4 x 400,001 float32 14.9 vs
+# 13.9 us); docs/performance.md.
+GRID_ONE_EXCHANGE = 0
 # Threads per SM the outer/mixed persistent kernels are compiled to keep resident (launch bounds, kept when
 # ptxas spills at most PERSISTENT_MAX_SPILL bytes); 0: registers uncapped. Measured on the H200
 # (tests/gpu_sweep.py, 2026-12-02) with 768 and a 512-byte spill allowance: NHWC instance norm (256, 128, 28,
@@ -279,7 +285,9 @@ def _chan(g, n, m, m2, on, om, om2):
     g(f"{d} = {om} - {m}")
     g(f"{w} = {on} / max({nn}, F32(1.0))")
     g(f"{m} = {m} + {d} * {w}")
-    g(f"{m2} = {m2} + {om2} + {d} * {d} * {n} * {w}")
+    # (d w)(d n), not d d n w: against an empty side (w = 0 or n = 0) the product is 0 even where d^2 n would
+    # overflow float32 (|d| sqrt(n) > 1.8e19)
+    g(f"{m2} = {m2} + {om2} + ({d} * {w}) * ({d} * {n})")
     g(f"{n} = {nn}")
 
 
@@ -885,7 +893,10 @@ class _Inner(_Kernel):
             for ev, _, _ in edges(True):
                 g(f"s = s + {ev}")
             self.reduce_sum(g, "s", "a")
-            if G > 1:
+            if G > 1 and not GRID_ONE_EXCHANGE:
+                self.grid_merge(g, ("s",))  # the row's sum, then (below) its squared deviations: two exchanges
+                g("mean = s / n")
+            elif G > 1:
                 # over a grid: the CTA's own mean and M2 (its count cn), merged once across the row's CTAs
                 # (grid_merge): one exchange through the workspace instead of one per pass
                 unmasked = sum(ok == "True" for ok in oks)
@@ -909,7 +920,9 @@ class _Inner(_Kernel):
             for ev, _, ok in edges(True):
                 g(f"m2 = m2 + ({ev} - mean) * ({ev} - mean) * F32({ok})")
             self.reduce_sum(g, "m2", "b")
-            if G > 1:
+            if G > 1 and not GRID_ONE_EXCHANGE:
+                self.grid_merge(g, ("m2",), rnd=2)
+            elif G > 1:
                 self.grid_merge(g, ("cn", "mean", "m2"))
             elif C > 1:
                 self.cluster_sum(g, "m2", 2)
@@ -1082,49 +1095,60 @@ class _Inner(_Kernel):
         with g.block(f"for k in range(1, {C}):"):
             g(f"{name} = {name} + dsmem_ld(sX{rnd}, 0, k)")
 
-    def grid_merge(self, g, names):
+    def grid_merge(self, g, names, rnd=1):
         """Merge CTA-uniform statistics over the ``plan.splits`` CTAs of a co-resident grid holding row ``row``:
         ``names`` is ``(count, mean, M2)`` (norm: merged with Chan's formula) or ``(q,)`` (rms: summed). Thread 0
         writes the CTA's values to its workspace slots (3 per CTA), arrives on the row's counter (release) and
-        waits (acquire) until all ``splits`` CTAs have arrived; then each warp merges the row's values in the
-        same fixed order (lane l takes CTAs l, l + 32, ... in turn, then a xor butterfly, then lane 0's result),
-        so every CTA gets the same statistics bit for bit. The counters follow the 3 x splits slots of each
-        row (zeroed by ``counter_zero``)."""
+        waits (acquire) until all ``splits`` CTAs have arrived; then warp 0 merges the row's values in a fixed
+        order (lane l takes CTAs l, l + 32, ... in turn, then a xor butterfly) and lane 0's result goes to every
+        thread through shared memory, so every CTA gets the same statistics bit for bit. The counters follow the
+        3 x splits slots of each row (zeroed by ``counter_zero``). ``rnd`` 2: a second exchange of one sum
+        (``GRID_ONE_EXCHANGE`` 0), in the slot after round 1's, waiting for the counter's 2 x splits."""
         p, S = self.p, self.p.splits
+        f0 = rnd - 1  # the first slot field this round writes
         cnt = f"{3 * S * p.kept} + row"
         with g.block("if tid == 0:"):
             for k, nm in enumerate(names):
-                g(f"st1_f32(wp, (row * {S} + crank) * 3 + {k}, {nm})")
+                g(f"st1_f32(wp, (row * {S} + crank) * 3 + {k + f0}, {nm})")
             g(f"arrive_u32(wp, {cnt})  # release: the values are visible before the count")
-            with g.block(f"while acquire_u32(wp, {cnt}) < {S}:"):
+            with g.block(f"while acquire_u32(wp, {cnt}) < {rnd * S}:"):
                 g("pass")
         g("cuda.syncthreads()")
-        acc = [g.new("a") for _ in names]
-        for a in acc:
-            g(f"{a} = F32(0.0)")
-        for j in range(-(-S // 32)):
-            k, ok = g.new("k"), g.new("ok")
-            g(f"{k} = tid % 32 + {32 * j}")
-            g(f"{ok} = F32({k} < {S})")
-            vals = [g.new("v") for _ in names]
-            for i, v in enumerate(vals):  # a slot past S: zeros (count 0 merges as nothing)
-                g(f"{v} = ldcg_f32(wp, (row * {S} + min({k}, {S - 1})) * 3 + {i}) * {ok}")
-            if len(names) == 3:
-                _chan(g, *acc, *vals)
-            else:
-                g(f"{acc[0]} = {acc[0]} + {vals[0]}")
-        off = 16
-        while off >= 1:
-            o = [g.new("o") for _ in names]
-            for a, oo in zip(acc, o):
-                g(f"{oo} = shfl_xor({a}, {off})")
-            if len(names) == 3:
-                _chan(g, *acc, *o)
-            else:
-                g(f"{acc[0]} = {acc[0]} + {o[0]}")
-            off //= 2
-        for nm, a in zip(names, acc):  # xor merges are not symmetric in rounding: lane 0's result for all
-            g(f"{nm} = shfl_idx({a}, 0)")
+        # warp 0 merges and shares the result through shared memory: one warp per CTA reads the row's slots
+        # (every warp reading them multiplied the L2 requests to these few lines by the CTA's warps)
+        self.smem(g, f"sG{rnd}", len(names))
+        with g.block("if tid < 32:"):
+            acc = [g.new("a") for _ in names]
+            for a in acc:
+                g(f"{a} = F32(0.0)")
+            for j in range(-(-S // 32)):
+                k = g.new("k")
+                g(f"{k} = tid + {32 * j}")
+                vals = [g.new("v") for _ in names]
+                for i, v in enumerate(vals):  # a slot past S: zeros (count 0 merges as nothing); selected, not
+                    # multiplied by a 0/1 mask (an Inf in the clamped slot would give NaN)
+                    ld = f"ldcg_f32(wp, (row * {S} + min({k}, {S - 1})) * 3 + {i + f0})"
+                    g(f"{v} = {ld}" if 32 * (j + 1) <= S else f"{v} = sel({k} < {S}, {ld}, F32(0.0))")
+                if len(names) == 3:
+                    _chan(g, *acc, *vals)
+                else:
+                    g(f"{acc[0]} = {acc[0]} + {vals[0]}")
+            off = 16
+            while off >= 1:
+                o = [g.new("o") for _ in names]
+                for a, oo in zip(acc, o):
+                    g(f"{oo} = shfl_xor({a}, {off})")
+                if len(names) == 3:
+                    _chan(g, *acc, *o)
+                else:
+                    g(f"{acc[0]} = {acc[0]} + {o[0]}")
+                off //= 2
+            with g.block("if tid == 0:"):  # xor merges are not symmetric in rounding: lane 0's result
+                for i, a in enumerate(acc):
+                    g(f"sG{rnd}[{i}] = {a}")
+        g("cuda.syncthreads()")
+        for i, nm in enumerate(names):
+            g(f"{nm} = sG{rnd}[{i}]")
 
     def counter_zero(self, n):
         """The tiny kernel before a cooperative one: zero the ``plan.kept`` arrival counters at float32 offset

@@ -199,7 +199,9 @@ CLUSTER_SIZES = (2, 4, 8, 16)
 # SMs (a cluster holds at most 16 CTAs: 4 rows of 400,001 float32 got 64 CTAs on 132 SMs) are held instead over
 # sms // rows CTAs of a co-resident grid, one per SM, launched cooperatively: each CTA writes its partial sum
 # to a workspace and waits on its row's arrival counter (zeroed by a first, tiny kernel) instead of a cluster
-# barrier (GRID_PERSISTENT 1: on, 0: off). Measured: docs/performance.md.
+# barrier (GRID_PERSISTENT 1: on, 0: off). Measured on an H100 (tests/gpu_sweep.py, 2026-12-06, grid / cluster
+# or split, us): 4 x 400,001 float32 13.9 / 16.4 (cluster 16), 1 x 2M 17.3 / 45.3 (split), 3 x 1M 18.2 / 30.0,
+# 2 x 1,048,576 float16 12.8 / 17.9; 8 x 262,144 float32 12.9 / 12.6 (cluster 8); docs/performance.md.
 GRID_PERSISTENT = 1
 GRID_PERSISTENT_MAX_FILL = 0.75
 # Most CTAs a 1D grid may have (gridDim.x <= 2^31 - 1: CUDA programming guide, "Compute capabilities").
@@ -960,6 +962,9 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
         if per_ * vec <= 2 * MAX_VALUES_PER_THREAD and K * S <= sms:
             schedule, cluster, tpr, per, grid_ctas = "persistent", 1, tpr_, per_, S
             why.append(f"schedule forced to a co-resident grid of {S} CTAs x {tpr} threads per row")
+        elif K * S > sms:
+            why.append(f"{K} rows x at least 2 CTAs exceed the {sms} SMs (one co-resident CTA each): grid schedule "
+                       "not forced")
         else:
             why.append(f"a row of {p.reduced} does not fit {S} co-resident CTAs of {MAX_PERSISTENT_THREADS} threads "
                        f"(<= {2 * MAX_VALUES_PER_THREAD} values per thread) one per SM: grid schedule not forced")
@@ -1074,6 +1079,9 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
         force = None
     if force == "staged":
         why.append(f"the staged schedule exists for the inner strategy only: not forced ({strategy})")
+        force = None
+    if force == "grid":
+        why.append(f"rows held over a co-resident grid exist for the inner strategy only: not forced ({strategy})")
         force = None
     sms = common["sms"]
     x_bytes = p.kept * p.reduced * dbytes["x"]

@@ -688,6 +688,25 @@ def test_inner_grid_persistent(spec, shape, dtype, splits):
     assert plan.workspace_floats == 3 * plan.kept * splits + plan.kept
 
 
+def test_inner_grid_persistent_inf_and_huge_values():
+    """Over a co-resident grid, as on one CTA: an Inf in an RMS row gives rstd 0 and one NaN (the merge's unused
+    lanes select zeros rather than multiply a clamped Inf slot by 0), and a row of values near 1e18 (d^2 n of
+    the Chan merge beyond float32, against an empty side) keeps its float64 rstd."""
+    x = np.random.default_rng(0).standard_normal((2, 700)).astype(np.float32)
+    x[0, 690] = np.inf
+    f = normc.compile(RMS, schedule="grid")
+    y, _, r = f(x, np.ones(700, np.float32), return_stats=True)
+    assert only_plan(f).splits > 1
+    assert r[0] == 0 and np.isnan(y[0]).sum() == 1 and np.isfinite(y[1]).all()
+    x = (1e18 * (1 + np.random.default_rng(1).standard_normal((1, 2000)) * 1e-3)).astype(np.float32)
+    x[0, 0] = 0
+    f = normc.compile(_spec(LN), schedule="grid")
+    _, _, r = f(x, np.ones(2000, np.float32), np.zeros(2000, np.float32), return_stats=True)
+    assert only_plan(f).splits > 1
+    want = 1 / np.sqrt(x.astype(np.float64).var() + 1e-5)
+    assert abs(r[0] / want - 1) < 1e-4, (r[0], want)
+
+
 @pytest.mark.parametrize("spec,shape,dtype", [
     (LN, (3, 1031), "float32"),
     (LN, (4, 777), "float16"),
