@@ -204,6 +204,11 @@ CLUSTER_SIZES = (2, 4, 8, 16)
 # 2 x 1,048,576 float16 12.8 / 17.9; 8 x 262,144 float32 12.9 / 12.6 (cluster 8); docs/performance.md.
 GRID_PERSISTENT = 1
 GRID_PERSISTENT_MAX_FILL = 0.75
+# ... only clusters of at least this many CTAs are replaced so: 8 x 262,144 float32 kept its cluster of 8 at
+# level speed (12.6 us against the grid's 12.9 on the H100 above; 64 against 128 CTAs), while 4 x 400,001
+# (cluster of 16, 64 CTAs) gained 2.5 us. Smaller clusters exchange through distributed shared memory without
+# the grid's counter-zeroing kernel (1.0 us).
+GRID_PERSISTENT_MIN_CLUSTER = 16
 # Most CTAs a 1D grid may have (gridDim.x <= 2^31 - 1: CUDA programming guide, "Compute capabilities").
 MAX_GRID_X = 2**31 - 1
 # Sizes above 8 are "non-portable": the runtime sets cudaFuncAttributeNonPortableClusterSizeAllowed (H100/H200
@@ -936,7 +941,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
                     f"only {K} rows (< {sms} SMs) of {p.reduced}: split each row over CTAs, "
                     f"partial statistics (n, mean, M2) to a workspace, merge and normalize in a second kernel"
                 )
-    if (schedule == "persistent" and cluster == 1 and tpr >= INNER_WIDE_THREADS and K < sms
+    if (schedule == "persistent" and cluster == 1 and not grid_ctas and tpr >= INNER_WIDE_THREADS and K < sms
             and force is None and (_clusters_ok(common["arch"]) and bool(csizes))):
         # fewer rows than SMs: spread each row over a cluster so that every SM gets work
         for C in [c for c in csizes if c <= PORTABLE_CLUSTER] or csizes[:1]:
@@ -946,7 +951,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
                 why.append(f"only {K} rows for {sms} SMs: each row spread over a cluster of {C} CTAs "
                            f"({per} vectors per thread)")
                 break
-    if (schedule == "persistent" and cluster > 1 and force is None and GRID_PERSISTENT
+    if (schedule == "persistent" and cluster >= GRID_PERSISTENT_MIN_CLUSTER and force is None and GRID_PERSISTENT
             and K * cluster <= GRID_PERSISTENT_MAX_FILL * sms):
         S = min(sms // max(K, 1), nc // tpr)  # one CTA per SM, each at least one vector per thread
         per_ = -(-nc // (max(S, 1) * tpr))

@@ -53,8 +53,8 @@ CASES = [
     ("inner-coop-steps", "t d : norm over d ; scale d ; shift d", {}, (7, 30001), None, "float32", "coop",
      {"COOP_L2_BYTES": 30001 * 4}),
     # rows held over a co-resident grid (GRID_PERSISTENT): CTAs spin on per-row arrival counters, warp 0
-    # merges the row's partials; the planner's choice for 3 x 150,001 (peeled), forced for the others
-    ("inner-grid", "t d : norm over d ; scale d ; shift d", {}, (3, 150001), None, "float32", None),
+    # merges the row's partials; the planner's choice for 3 x 400,001 (peeled), forced for the others
+    ("inner-grid", "t d : norm over d ; scale d ; shift d", {}, (3, 400001), None, "float32", None),
     ("inner-grid-rms-bf16", "t d : rms over d ; scale d", {}, (2, 70000), None, "bfloat16", "grid"),
     ("outer-persistent", "n c h w : norm over h w ; scale c ; shift c", {}, (3, 37, 5, 7), (0, 2, 3, 1),
      "float32", None),

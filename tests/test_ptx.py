@@ -241,6 +241,33 @@ def test_few_long_rows_plan_split_not_coop():
     assert plan.schedule == "split"
 
 
+@pytest.mark.parametrize("sms", [16, 132])
+def test_grid_persistent_plans_are_consistent(sms):
+    """Over row counts and lengths around the cluster and grid limits, every row held over a co-resident grid
+    has one CTA per SM at most, at least 2 CTAs per row, no cluster, at most 64 values per thread and CTAs
+    that cover the row; the planner picks it for 4 x 400,001 (a cluster of 16 would use 64 of 132 SMs), for 1 x
+    2M (too long for a cluster of 16: split before) and not for 8 x 262,144 (its cluster of 8 stays)."""
+    seen = 0
+    for dtype in ("float32", "bfloat16"):
+        for rows in (1, 2, 3, 4, 5, 8, 13, 40, 131):
+            for length in (8192, 65537, 150001, 400001, 1000003, 3000001, 9000000):
+                for schedule in (None, "grid"):
+                    plan = plan_for(normc.spec("t d : norm over d ; scale d ; shift d"), (rows, length), dtype,
+                                    sms=sms, schedule=schedule)
+                    if not (plan.schedule == "persistent" and plan.splits > 1):
+                        continue
+                    seen += 1
+                    assert plan.cluster == 1 and plan.grid == rows * plan.splits <= sms, plan.describe()
+                    assert 2 <= plan.splits and plan.per_thread * plan.vec <= 64, plan.describe()
+                    assert plan.splits * plan.tpr * plan.per_thread * plan.vec >= length - 2 * plan.vec, plan.describe()
+    assert seen > 20
+    if sms == 132:
+        spec = normc.spec("t d : norm over d ; scale d ; shift d")
+        assert plan_for(spec, (4, 400001), "float32").splits == 33
+        assert plan_for(spec, (1, 2000000), "float32").splits == 132
+        assert plan_for(spec, (8, 262144), "float32").cluster == 8
+
+
 @pytest.mark.parametrize("i", range(0, len(ROWS), 5))
 def test_plan_json_round_trip(i):
     r = ROWS[i]
