@@ -802,7 +802,7 @@ class _Inner(_Kernel):
         (plan.peel) hold their whole vectors so; their edge values are folded in by one thread."""
         p, V, TPR, NC, E = self.p, self.V, self.TPR, self.NC, self.p.per_thread
         # CTAs a row is spread over: a cluster's (partial sums through distributed shared memory) or a
-        # co-resident grid's (plan.splits > 1: through the workspace, grid_sum)
+        # co-resident grid's (plan.splits > 1: through the workspace, grid_merge)
         G = p.splits if p.cluster == 1 else 1
         C = p.cluster * G
         CH = E * TPR
@@ -893,10 +893,10 @@ class _Inner(_Kernel):
             for ev, _, _ in edges(True):
                 g(f"s = s + {ev}")
             self.reduce_sum(g, "s", "a")
-            if G > 1 and not GRID_ONE_EXCHANGE:
+            one_exchange = G > 1 and GRID_ONE_EXCHANGE
+            if G > 1 and not one_exchange:
                 self.grid_merge(g, ("s",))  # the row's sum, then (below) its squared deviations: two exchanges
-                g("mean = s / n")
-            elif G > 1:
+            elif one_exchange:
                 # over a grid: the CTA's own mean and M2 (its count cn), merged once across the row's CTAs
                 # (grid_merge): one exchange through the workspace instead of one per pass
                 unmasked = sum(ok == "True" for ok in oks)
@@ -910,7 +910,7 @@ class _Inner(_Kernel):
                 g("mean = s / max(cn, F32(1.0))")
             elif C > 1:
                 self.cluster_sum(g, "s", 1)
-            if G == 1:
+            if not one_exchange:
                 g("mean = s / n")
             g("m2 = F32(0.0)")
             for names, ok in zip(xs, oks):
@@ -920,10 +920,10 @@ class _Inner(_Kernel):
             for ev, _, ok in edges(True):
                 g(f"m2 = m2 + ({ev} - mean) * ({ev} - mean) * F32({ok})")
             self.reduce_sum(g, "m2", "b")
-            if G > 1 and not GRID_ONE_EXCHANGE:
-                self.grid_merge(g, ("m2",), rnd=2)
-            elif G > 1:
+            if one_exchange:
                 self.grid_merge(g, ("cn", "mean", "m2"))
+            elif G > 1:
+                self.grid_merge(g, ("m2",), rnd=2)
             elif C > 1:
                 self.cluster_sum(g, "m2", 2)
         else:

@@ -12,7 +12,8 @@ Decision tree (``docs/planner.md`` explains it at length; the constants below ca
       kept axis, with more reduction axes outside (NHWC group norm ``n h w (g k)``). The contiguous
       ``(g k)`` block is treated as columns as in ``outer``, then columns of one group are merged.
 * **schedule**:
-    - ``persistent``: every value of a reduction is held in registers by the threads that own it: x is read
+    - ``persistent``: every value of a reduction is held in registers by the threads that own it (one CTA, a
+      thread-block cluster, or CTAs of a co-resident grid: ``GRID_PERSISTENT``): x is read
       once (two-pass mean/variance from registers, then normalize).
     - ``looped``: one CTA (or sub-warp) per reduction, a statistics loop (per-thread sums shifted by the
       thread's first value), then a second pass that re-reads x (mostly from L2).
@@ -830,6 +831,14 @@ def _peel_vec(p, dbytes, unit, vec) -> int:
     return V
 
 
+def _grid_tiling(nc, rows, sms, tpr):
+    """(S, per): CTAs per row and vectors per thread of rows of ``nc`` vectors held over a co-resident grid of
+    ``tpr``-thread CTAs: one CTA per SM shared among ``rows`` rows, no more CTAs than give each thread a vector
+    (GRID_PERSISTENT)."""
+    S = min(sms // max(rows, 1), nc // tpr)
+    return S, -(-nc // (max(S, 1) * tpr))
+
+
 def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, peel_vec=0):
     axes = p.axes
     inner = axes[-1]
@@ -911,8 +920,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
                     break
         if schedule is None and force is None and GRID_PERSISTENT and 0 < K <= sms:
             # too long for a cluster, yet the rows fit the registers of one CTA per SM: a co-resident grid
-            S = min(sms // K, nc // INNER_WIDE_THREADS)
-            per_ = -(-nc // (max(S, 1) * INNER_WIDE_THREADS))
+            S, per_ = _grid_tiling(nc, K, sms, INNER_WIDE_THREADS)
             if S >= 2 and per_ * vec <= 2 * MAX_VALUES_PER_THREAD:
                 schedule, tpr, per, grid_ctas = "persistent", INNER_WIDE_THREADS, per_, S
                 why.append(f"{K} row(s) of {p.reduced} exceed a cluster's registers but fit {S} CTAs x {tpr} threads "
@@ -953,8 +961,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
                 break
     if (schedule == "persistent" and cluster >= GRID_PERSISTENT_MIN_CLUSTER and force is None and GRID_PERSISTENT
             and K * cluster <= GRID_PERSISTENT_MAX_FILL * sms):
-        S = min(sms // max(K, 1), nc // tpr)  # one CTA per SM, each at least one vector per thread
-        per_ = -(-nc // (max(S, 1) * tpr))
+        S, per_ = _grid_tiling(nc, K, sms, tpr)
         if S > cluster and per_ * vec <= 2 * MAX_VALUES_PER_THREAD:
             why.append(f"{K} rows x a cluster of {cluster} would occupy {K * cluster} of {sms} SMs: each "
                        f"row held over {S} CTAs of a co-resident grid ({K * S} CTAs, one per SM, {per_} vectors "

@@ -582,14 +582,14 @@ class Compiled:
             lambda mc: make_plan(prob, arch=arch, sms=sms, schedule=self._schedule_for(prob, arch, sms),
                                  max_cluster=mc),
             lambda plan: compiled_kernels(plan, cc), lambda plan: plan.cluster)
-        if plan.schedule == "coop" and kernels[-1].grid < plan.splits:
-            # the CTAs of a row wait for each other: fewer co-resident than a row has would never finish
-            raise CompileError(f"the coop plan spreads a row over {plan.splits} CTAs but only "
-                               f"{kernels[-1].grid} fit this device at once; use another schedule")
-        if plan.schedule == "persistent" and plan.splits > 1 and kernels[-1].grid < plan.grid:
-            # rows held over a co-resident grid: every CTA holds its slice of a row until all have arrived
-            raise CompileError(f"the plan holds {plan.kept} rows over {plan.grid} co-resident CTAs but only "
-                               f"{kernels[-1].grid} fit this device at once; use another schedule")
+        # Cooperative kernels' CTAs wait for each other, so they must all be resident: the coop schedule walks
+        # the rows with at least a row's CTAs, rows held over a co-resident grid need every planned CTA
+        coop = plan.schedule == "coop"
+        need = plan.splits if coop else plan.grid if plan.schedule == "persistent" and plan.splits > 1 else 0
+        if kernels[-1].grid < need:
+            what = (f"the coop plan spreads a row over {plan.splits} CTAs" if coop else
+                    f"the plan holds {plan.kept} rows over {plan.grid} co-resident CTAs")
+            raise CompileError(f"{what} but only {kernels[-1].grid} fit this device at once; use another schedule")
         return _Entry(plan, kernels, xi.shape, out_strides, out_dtype, stat_shape, False, prob)
 
 

@@ -431,3 +431,24 @@ def test_coop_plan_whose_row_cannot_be_resident_is_refused_not_hung(monkeypatch)
     xi = ArrayInfo(None, "torch", 1 << 20, (4, 100000), (100000, 1), "float32", 0)
     with pytest.raises(normc.CompileError, match="coop plan spreads a row over 24 CTAs but only 1 fit"):
         f._build(xi, None, None, None, False)
+
+
+def test_grid_plan_that_cannot_be_resident_is_refused_not_hung(monkeypatch):
+    """Rows held over a co-resident grid need every planned CTA resident at once: a loaded kernel reporting fewer
+    (faked: 100 of 132) makes the call raise CompileError instead of launching CTAs that would wait forever."""
+    from normc.runtime import gpu
+    from normc.runtime.arrays import ArrayInfo
+
+    class Kernel:
+        grid = 100
+
+    monkeypatch.setattr(rt, "gpu_available", lambda: True)
+    monkeypatch.setattr(gpu, "device_cc", lambda d: (9, 0))
+    monkeypatch.setattr(gpu, "device_sms", lambda d: 132)
+    monkeypatch.setattr(gpu, "set_device", lambda d: None)
+    monkeypatch.setattr(gpu, "load_fitting_clusters", lambda plan_for, kernels_for, cluster_of:
+                        (plan_for(None), [Kernel(), Kernel()]))
+    f = normc.compile("t d : norm over d")
+    xi = ArrayInfo(None, "torch", 1 << 20, (4, 400001), (400001, 1), "float32", 0)
+    with pytest.raises(normc.CompileError, match="holds 4 rows over 132 co-resident CTAs but only 100 fit"):
+        f._build(xi, None, None, None, False)
