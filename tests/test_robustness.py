@@ -410,23 +410,29 @@ def test_device_newer_than_the_toolkit_compiles_for_its_newest_target(monkeypatc
         gpu.device_cc.cache_clear()
 
 
-def test_coop_plan_whose_row_cannot_be_resident_is_refused_not_hung(monkeypatch):
-    """The CTAs of a coop row spin until all of them have arrived: if fewer fit the device at once than a row
-    has (the co-resident grid the loaded kernel reports), the call raises CompileError instead of launching a
-    grid that would never finish. The planner keeps a row to one CTA per SM, so a real device does not get
-    here; the loaded kernel is faked with a co-resident grid of 1."""
+def _fake_loaded_gpu(monkeypatch, kernel):
+    """An sm_90 device of 132 SMs on which every plan loads as two ``kernel()`` objects (no driver calls)."""
     from normc.runtime import gpu
-    from normc.runtime.arrays import ArrayInfo
-
-    class Kernel:
-        grid = 1  # CTAs launched: the co-resident grid of a cooperative launch
 
     monkeypatch.setattr(rt, "gpu_available", lambda: True)
     monkeypatch.setattr(gpu, "device_cc", lambda d: (9, 0))
     monkeypatch.setattr(gpu, "device_sms", lambda d: 132)
     monkeypatch.setattr(gpu, "set_device", lambda d: None)
     monkeypatch.setattr(gpu, "load_fitting_clusters", lambda plan_for, kernels_for, cluster_of:
-                        (plan_for(None), [Kernel(), Kernel()]))
+                        (plan_for(None), [kernel(), kernel()]))
+
+
+def test_coop_plan_whose_row_cannot_be_resident_is_refused_not_hung(monkeypatch):
+    """The CTAs of a coop row spin until all of them have arrived: if fewer fit the device at once than a row
+    has (the co-resident grid the loaded kernel reports), the call raises CompileError instead of launching a
+    grid that would never finish. The planner keeps a row to one CTA per SM, so a real device does not get
+    here; the loaded kernel is faked with a co-resident grid of 1."""
+    from normc.runtime.arrays import ArrayInfo
+
+    class Kernel:
+        grid = 1  # CTAs launched: the co-resident grid of a cooperative launch
+
+    _fake_loaded_gpu(monkeypatch, Kernel)
     f = normc.compile("t d : norm over d", schedule="coop")
     xi = ArrayInfo(None, "torch", 1 << 20, (4, 100000), (100000, 1), "float32", 0)
     with pytest.raises(normc.CompileError, match="coop plan spreads a row over 24 CTAs but only 1 fit"):
@@ -436,18 +442,12 @@ def test_coop_plan_whose_row_cannot_be_resident_is_refused_not_hung(monkeypatch)
 def test_grid_plan_that_cannot_be_resident_is_refused_not_hung(monkeypatch):
     """Rows held over a co-resident grid need every planned CTA resident at once: a loaded kernel reporting fewer
     (faked: 100 of 132) makes the call raise CompileError instead of launching CTAs that would wait forever."""
-    from normc.runtime import gpu
     from normc.runtime.arrays import ArrayInfo
 
     class Kernel:
         grid = 100
 
-    monkeypatch.setattr(rt, "gpu_available", lambda: True)
-    monkeypatch.setattr(gpu, "device_cc", lambda d: (9, 0))
-    monkeypatch.setattr(gpu, "device_sms", lambda d: 132)
-    monkeypatch.setattr(gpu, "set_device", lambda d: None)
-    monkeypatch.setattr(gpu, "load_fitting_clusters", lambda plan_for, kernels_for, cluster_of:
-                        (plan_for(None), [Kernel(), Kernel()]))
+    _fake_loaded_gpu(monkeypatch, Kernel)
     f = normc.compile("t d : norm over d")
     xi = ArrayInfo(None, "torch", 1 << 20, (4, 400001), (400001, 1), "float32", 0)
     with pytest.raises(normc.CompileError, match="holds 4 rows over 132 co-resident CTAs but only 100 fit"):
