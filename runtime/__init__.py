@@ -586,7 +586,7 @@ class Compiled:
         # the rows with at least a row's CTAs, rows held over a co-resident grid need every planned CTA
         coop = plan.schedule == "coop"
         need = plan.splits if coop else plan.grid if plan.schedule == "persistent" and plan.splits > 1 else 0
-        if kernels[-1].grid < need:
+        if need and kernels[-1].grid < need:
             what = (f"the coop plan spreads a row over {plan.splits} CTAs" if coop else
                     f"the plan holds {plan.kept} rows over {plan.grid} co-resident CTAs")
             raise CompileError(f"{what} but only {kernels[-1].grid} fit this device at once; use another schedule")
