@@ -102,6 +102,9 @@ SHIFTED_SUMS = 1
 # Split, column-major second kernel (layer/RMS norm): at most this many rows, whose means and factors it
 # keeps in shared memory (3 floats each); split plans have fewer rows than SMs unless forced.
 FINISH_COLUMNS_MAX_ROWS = 1024
+# ... and only where each of its CTAs gets a column slice of at least this fraction of its threads (see
+# columns_finish; tests set it to 0 to run the column-major kernel on the simulator's small rows).
+FINISH_COLUMNS_MIN_FILL = 0.5
 # Threads per CTA of the inner split's middle kernel (a thread per row merges its partials: flat normalize
 # kernels only, planner INNER_FINISH_TRIPS).
 STATS_THREADS = 256
@@ -1310,7 +1313,8 @@ class _Inner(_Kernel):
         self._partial(g, S, L)
         k1 = KernelSource("normc_inner_partial", g.text(), p.grid, p.threads, self.shared, self.ptypes())
         self.shared = 0
-        if row_shared_params(p) and not self.peel:  # peeled rows do not share their vectors' alignment
+        # peeled rows do not share their vectors' alignment: row-wise
+        if columns_finish(p, self.NC, p.grid, p.threads) and not self.peel:
             return [k1, self._finish_columns(S)]
         if p.finish_splits > 1:
             return [k1, self._row_stats(S), self._flat_finish(S, p.finish_splits)]
@@ -2184,12 +2188,27 @@ def row_shared_params(p) -> bool:
     """Whether an inner split's second kernel is the column-major one (``_Inner._finish_columns``): every
     present scale/shift varies along the reduction and not across rows (layer/RMS norm ``scale d ; shift d``),
     and there are at most FINISH_COLUMNS_MAX_ROWS rows, whose statistics sit in shared memory. ``p``: a
-    :class:`normc.planner.Plan` or the planner's problem (both have ``axes``, ``kept`` and the affine dtypes);
-    the planner asks it to leave such plans at one normalize CTA per split (``Plan.finish_splits``)."""
+    :class:`normc.planner.Plan` or the planner's problem (both have ``axes``, ``kept`` and the affine dtypes).
+    The kernel is column-major only where :func:`columns_finish` also holds (its CTAs' column slices fill
+    them); the planner asks that one, to leave such plans at one normalize CTA per split
+    (``Plan.finish_splits``)."""
     present = [w for w in ("scale", "shift") if getattr(p, f"{w}_dtype") is not None]
     return (bool(present) and p.kept <= FINISH_COLUMNS_MAX_ROWS
             and all(any(a.stride(w) for a in p.axes if a.reduced) for w in present)
             and all(a.stride(w) == 0 for w in present for a in p.axes if not a.reduced))
+
+
+def columns_finish(p, vectors, grid, threads) -> bool:
+    """Whether an inner split's second kernel is the column-major one: :func:`row_shared_params` *and* each
+    of its ``grid`` CTAs gets a column slice of at least FINISH_COLUMNS_MIN_FILL (half) of its ``threads``,
+    out of the row's ``vectors`` (a thread per vector of the slice; the rest idle).
+
+    A split forced on many short rows left most threads idle while the others walked every row: 1000 x
+    100,000 float32 gave 2000 CTAs 13 vectors each (13 of 512 threads busy). On the H200 that call took
+    877 us (the default plan 290); the torch profiler put 770 us in that kernel and 115 in the partial
+    statistics, which read the same x. Such plans take the row-wise kernels instead. The rows the
+    column-major kernel was measured on keep it: 100 x 1M float32 has 500 vectors per 512-thread CTA."""
+    return row_shared_params(p) and -(-vectors // max(grid, 1)) >= threads * FINISH_COLUMNS_MIN_FILL
 
 
 def generate(plan) -> list[KernelSource]:

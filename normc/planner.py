@@ -46,7 +46,7 @@ from .errors import ArgumentError
 from .problem import DTYPES
 from .spec import STATS
 from .lowering.codegen import STREAM_THREADS_PER_SM  # the streaming kernels' launch bounds: grids are sized to them
-from .lowering.codegen import row_shared_params  # inner splits whose second kernel is column-major
+from .lowering.codegen import columns_finish, row_shared_params  # inner splits: column-major second kernel?
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -1045,7 +1045,10 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
         threads, rpc = tpr, 1
         grid = K * splits
         slice_vecs = -(-nc // splits)
-        if slice_vecs >= tpr * per * INNER_FLAT_MIN_TRIPS and not row_shared_params(p):
+        if row_shared_params(p) and not columns_finish(p, nc, grid, tpr):
+            why.append(f"normalize kernel row-wise: a column-major one would give each of its {grid} CTAs "
+                       f"{-(-nc // grid)} vector(s) for {tpr} threads (codegen.columns_finish)")
+        if slice_vecs >= tpr * per * INNER_FLAT_MIN_TRIPS and not columns_finish(p, nc, grid, tpr):
             # int(): a fractional INNER_FINISH_TRIPS (tests/gpu_sanitize.py) forces the flat grid on small rows
             finish = max(1, int(slice_vecs // (tpr * per * INNER_FINISH_TRIPS)))
             if finish > 1:

@@ -268,6 +268,20 @@ def test_grid_persistent_plans_are_consistent(sms):
         assert plan_for(spec, (8, 262144), "float32").cluster == 8
 
 
+def test_split_normalize_kernel_column_major_only_where_its_ctas_fill():
+    """The inner split's column-major normalize kernel (layer/RMS norm) where its CTAs' column slices fill
+    half their threads: the 10 x 10M and 100 x 1M float32 anchor rows keep it (500 vectors per 512-thread
+    CTA on 100 x 1M); a split forced on 1000 x 100,000 (13 vectors per CTA) normalizes row-wise and says why."""
+    spec = normc.spec("t d : norm over d ; scale d ; shift d")
+    for shape in ((10, 10000000), (100, 1000000)):
+        plan = plan_for(spec, shape, "float32")
+        assert plan.schedule == "split" and "sMe" in generate(plan)[-1].source, plan.describe()
+    plan = plan_for(spec, (1000, 100000), "float32", schedule="split")
+    assert (plan.schedule, plan.grid, plan.threads) == ("split", 2000, 512), plan.describe()
+    assert "sMe" not in generate(plan)[-1].source
+    assert any("row-wise" in w and "13 vector(s) for 512 threads" in w for w in plan.why), plan.describe()
+
+
 @pytest.mark.parametrize("i", range(0, len(ROWS), 5))
 def test_plan_json_round_trip(i):
     r = ROWS[i]

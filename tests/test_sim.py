@@ -276,15 +276,29 @@ def test_inner_streaming_peeled_rows(text, schedule, dtype, n):
     ("n c h w : norm over c h w ; scale c h w ; shift c h w", (3, 4, 5, 30), "float32"),
     ("t d : rms over d ; shift d", (2, 333), "float16"),
 ], ids=["layer-bf16", "layer-3axes", "rms-shift-only-odd"])
-def test_inner_split_column_major_finish(text, shape, dtype):
+def test_inner_split_column_major_finish(text, shape, dtype, monkeypatch):
     """Split layer/RMS norm: the second kernel takes a column slice of every row (scale/shift read once).
     The odd rows are a view one element past an aligned start (scalar, not peeled: peeled rows take the
-    row-wise finish)."""
-    from normc.lowering import generate
+    row-wise finish). The simulator's rows give each CTA a few columns, which the planner leaves to the
+    row-wise kernel (codegen.columns_finish): its fill threshold is lifted here."""
+    from normc.lowering import codegen, generate
 
+    monkeypatch.setattr(codegen, "FINISH_COLUMNS_MIN_FILL", 0)
     x = make_x(shape, dtype) if shape[-1] % 2 == 0 else make_x(shape[:-1] + (shape[-1] + 1,), dtype)[..., 1:]
     _, _, _, plan = run_case(normc.spec(text), x, schedule="split", expect=("inner", "split"))
     assert "sMe" in generate(plan)[1].source  # the per-row statistics table of the column-major kernel
+
+
+def test_inner_split_few_columns_per_cta_normalize_row_wise():
+    """A split layer norm whose column-major second kernel would give each CTA fewer vectors than half its
+    threads (here 40 rows x 2 splits, 64 vectors a row: one vector per CTA) normalizes row-wise instead, and
+    says so in the plan; the values still match float64."""
+    from normc.lowering import generate
+
+    x = make_x((40, 256), "float32")
+    _, _, _, plan = run_case(LN, x, schedule="split", expect=("inner", "split"))
+    assert "sMe" not in generate(plan)[1].source
+    assert any("normalize kernel row-wise" in w for w in plan.why)
 
 
 @pytest.mark.parametrize("spec, dtype", [(LN, "bfloat16"), (RMS, "float32")], ids=["norm-bf16", "rms"])
