@@ -831,6 +831,16 @@ def _peel_vec(p, dbytes, unit, vec) -> int:
     return V
 
 
+def _tiling_name(schedule, cluster, grid_ctas):
+    """How the ``why`` lines name a tiling that a forced schedule replaces: ``"cluster tiling"``, ``"grid
+    tiling"`` or ``"<schedule> tiling"`` (``"streaming tiling"`` before a schedule is picked)."""
+    if cluster > 1:
+        return "cluster tiling"
+    if grid_ctas > 1:
+        return "grid tiling"
+    return f"{schedule or 'streaming'} tiling"
+
+
 def _grid_tiling(nc, rows, sms, tpr):
     """(S, per): CTAs per row and vectors per thread of rows of ``nc`` vectors held over a co-resident grid of
     ``tpr``-thread CTAs: one CTA per SM shared among ``rows`` rows, no more CTAs than give each thread a vector
@@ -972,8 +982,9 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
         tpr_ = min(max(_next_pow2(-(-nc // S)), 32), MAX_PERSISTENT_THREADS)
         per_ = -(-nc // (S * tpr_))
         if per_ * vec <= 2 * MAX_VALUES_PER_THREAD and K * S <= sms:
+            why.append(f"schedule forced to a co-resident grid of {S} CTAs x {tpr_} threads per row, {per_} "
+                       f"vectors per thread, instead of the {_tiling_name(schedule, cluster, grid_ctas)} above")
             schedule, cluster, tpr, per, grid_ctas = "persistent", 1, tpr_, per_, S
-            why.append(f"schedule forced to a co-resident grid of {S} CTAs x {tpr} threads per row")
         elif K * S > sms:
             why.append(f"{K} rows x at least 2 CTAs exceed the {sms} SMs (one co-resident CTA each): grid schedule "
                        "not forced")
@@ -988,8 +999,9 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
                 tpr_ = min(max(_next_pow2(-(-nc // C)), 32), MAX_PERSISTENT_THREADS)
                 per_ = -(-nc // (C * tpr_))
                 if per_ * vec <= 2 * MAX_VALUES_PER_THREAD:
-                    schedule, cluster, tpr, per = "persistent", C, tpr_, per_
-                    why.append(f"schedule forced to a cluster of {C} CTAs x {tpr} threads per row")
+                    why.append(f"schedule forced to a cluster of {C} CTAs x {tpr_} threads per row, {per_} vectors "
+                               f"per thread, instead of the {_tiling_name(schedule, cluster, grid_ctas)} above")
+                    schedule, cluster, tpr, per, grid_ctas = "persistent", C, tpr_, per_, 0
                     break
             else:  # the planner's own tiling above stands
                 why.append(f"a row of {p.reduced} does not fit the registers of a cluster of {csizes[-1]} CTAs x "

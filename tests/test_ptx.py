@@ -268,6 +268,17 @@ def test_grid_persistent_plans_are_consistent(sms):
         assert plan_for(spec, (8, 262144), "float32").cluster == 8
 
 
+def test_forced_cluster_and_grid_name_the_tiling_they_replace():
+    """A forced cluster or grid says which of the planner's tilings (the why lines above it) it replaces, as
+    the forced streaming schedules do, rather than leaving that tiling's line to contradict the plan."""
+    spec = normc.spec("t d : norm over d")
+    plan = plan_for(spec, (8, 262144), "float32", schedule="grid")
+    assert (plan.splits, plan.cluster) == (16, 1)
+    assert "instead of the cluster tiling above" in plan.why[-1], plan.describe()
+    plan = plan_for(spec, (4, 100), "float32", schedule="cluster")
+    assert plan.cluster == 2 and "instead of the persistent tiling above" in plan.why[-1], plan.describe()
+
+
 def test_split_normalize_kernel_column_major_only_where_its_ctas_fill():
     """The inner split's column-major normalize kernel (layer/RMS norm) where its CTAs' column slices fill
     half their threads: the 10 x 10M and 100 x 1M float32 anchor rows keep it (500 vectors per 512-thread
