@@ -806,7 +806,7 @@ class _Inner(_Kernel):
         p, V, TPR, NC, E = self.p, self.V, self.TPR, self.NC, self.p.per_thread
         # CTAs a row is spread over: a cluster's (partial sums through distributed shared memory) or a
         # co-resident grid's (plan.splits > 1: through the workspace, grid_merge)
-        G = p.splits if p.cluster == 1 else 1
+        G = p.splits if p.grid_persistent else 1
         C = p.cluster * G
         CH = E * TPR
         interleave = C > 1 and CLUSTER_INTERLEAVE

@@ -373,11 +373,18 @@ class Plan:
         return 1 if self.schedule in ("persistent", "staged") else 2
 
     @property
+    def grid_persistent(self) -> bool:
+        """Whether each row is held in registers over ``splits`` (> 1) CTAs of a co-resident, cooperatively
+        launched grid (``GRID_PERSISTENT``): the persistent schedule with splits, partial sums exchanged
+        through the workspace."""
+        return self.schedule == "persistent" and self.splits > 1
+
+    @property
     def workspace_floats(self) -> int:
         """float32 elements of scratch the split and coop schedules need (0 otherwise)."""
         if self.schedule == "coop":
             return 3 * self.kept * self.splits + self.kept  # partial (n, mean, m2) per split, a counter per row
-        if self.schedule == "persistent" and self.splits > 1:
+        if self.grid_persistent:
             return 3 * self.kept * self.splits + self.kept  # (count, mean, M2) or q per CTA, a counter per row
         if self.schedule != "split":
             return 0
@@ -439,14 +446,14 @@ class Plan:
         if self.cluster > 1:
             lines.append(f"cluster:  {self.cluster} CTAs per reduction, partial statistics merged through "
                          "distributed shared memory")
-        if self.schedule == "persistent" and self.splits > 1:
+        if self.grid_persistent:
             lines.append(f"grid:     {self.splits} CTAs per reduction of a co-resident (cooperative) grid, partial "
                          "sums exchanged through a workspace; counters zeroed by a first tiny kernel")
         if self.schedule == "coop":
             lines.append(f"coop:     cooperative grid of up to {self.grid} co-resident CTAs, "
                          f"{self.grid // self.splits} reductions in flight; counters zeroed by a first tiny kernel")
         nk = {"split": 2 if self.strategy == "inner" and self.finish_splits == 1 else 3,
-              "coop": 2}.get(self.schedule, 2 if self.splits > 1 else 1)
+              "coop": 2}.get(self.schedule, 2 if self.grid_persistent else 1)
         if self.kept * self.reduced == 0:
             lines.append("launch:   none (zero-size input: nothing to compute)")
         else:
@@ -841,6 +848,14 @@ def _tiling_name(schedule, cluster, grid_ctas):
     return f"{schedule or 'streaming'} tiling"
 
 
+def _spread_tiling(nc, ctas):
+    """(threads, vectors per thread) of a row of ``nc`` vectors spread evenly over ``ctas`` CTAs, as a forced
+    cluster or grid spreads it: the power of two of threads (32 to MAX_PERSISTENT_THREADS) nearest above an
+    even share, then enough vectors per thread to cover the row."""
+    tpr = min(max(_next_pow2(-(-nc // ctas)), 32), MAX_PERSISTENT_THREADS)
+    return tpr, -(-nc // (ctas * tpr))
+
+
 def _grid_tiling(nc, rows, sms, tpr):
     """(S, per): CTAs per row and vectors per thread of rows of ``nc`` vectors held over a co-resident grid of
     ``tpr``-thread CTAs: one CTA per SM shared among ``rows`` rows, no more CTAs than give each thread a vector
@@ -979,8 +994,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
             grid_ctas, cluster, per = S, 1, per_
     if force == "grid":
         S = max(2, min(max(1, sms // max(K, 1)), nc // 32))
-        tpr_ = min(max(_next_pow2(-(-nc // S)), 32), MAX_PERSISTENT_THREADS)
-        per_ = -(-nc // (S * tpr_))
+        tpr_, per_ = _spread_tiling(nc, S)
         if per_ * vec <= 2 * MAX_VALUES_PER_THREAD and K * S <= sms:
             why.append(f"schedule forced to a co-resident grid of {S} CTAs x {tpr_} threads per row, {per_} "
                        f"vectors per thread, instead of the {_tiling_name(schedule, cluster, grid_ctas)} above")
@@ -996,8 +1010,7 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
             why.append(f"clusters need sm_90 or newer ({common['arch']}): schedule not forced")
         else:
             for C in csizes:
-                tpr_ = min(max(_next_pow2(-(-nc // C)), 32), MAX_PERSISTENT_THREADS)
-                per_ = -(-nc // (C * tpr_))
+                tpr_, per_ = _spread_tiling(nc, C)
                 if per_ * vec <= 2 * MAX_VALUES_PER_THREAD:
                     why.append(f"schedule forced to a cluster of {C} CTAs x {tpr_} threads per row, {per_} vectors "
                                f"per thread, instead of the {_tiling_name(schedule, cluster, grid_ctas)} above")
@@ -1057,10 +1070,11 @@ def _plan_inner(p, common, dbytes, unit, why, force=None, csizes=CLUSTER_SIZES, 
         threads, rpc = tpr, 1
         grid = K * splits
         slice_vecs = -(-nc // splits)
-        if row_shared_params(p) and not columns_finish(p, nc, grid, tpr):
+        columns = columns_finish(p, nc, grid, tpr)
+        if row_shared_params(p) and not columns:
             why.append(f"normalize kernel row-wise: a column-major one would give each of its {grid} CTAs "
                        f"{-(-nc // grid)} vector(s) for {tpr} threads (codegen.columns_finish)")
-        if slice_vecs >= tpr * per * INNER_FLAT_MIN_TRIPS and not columns_finish(p, nc, grid, tpr):
+        if slice_vecs >= tpr * per * INNER_FLAT_MIN_TRIPS and not columns:
             # int(): a fractional INNER_FINISH_TRIPS (tests/gpu_sanitize.py) forces the flat grid on small rows
             finish = max(1, int(slice_vecs // (tpr * per * INNER_FINISH_TRIPS)))
             if finish > 1:

@@ -585,7 +585,7 @@ class Compiled:
         # Cooperative kernels' CTAs wait for each other, so they must all be resident: the coop schedule walks
         # the rows with at least a row's CTAs, rows held over a co-resident grid need every planned CTA
         coop = plan.schedule == "coop"
-        need = plan.splits if coop else plan.grid if plan.schedule == "persistent" and plan.splits > 1 else 0
+        need = plan.splits if coop else plan.grid if plan.grid_persistent else 0
         if need and kernels[-1].grid < need:
             what = (f"the coop plan spreads a row over {plan.splits} CTAs" if coop else
                     f"the plan holds {plan.kept} rows over {plan.grid} co-resident CTAs")

@@ -47,7 +47,7 @@ def check_kernels(plan, arch="sm_90", uses=None):
     kernels = lower(plan)
     # split: a partial-statistics kernel, then merge/normalize kernel(s); coop and rows held over a co-resident
     # grid: counters zeroed, then the cooperative kernel; otherwise a single kernel
-    grid = plan.schedule == "persistent" and plan.splits > 1
+    grid = plan.grid_persistent
     assert len(kernels) >= 2 if plan.schedule in ("split", "coop") else len(kernels) == 1 + grid
     assert [k.coop for k in kernels] == [False] * (len(kernels) - 1) + [plan.schedule == "coop" or grid]
     for k in kernels:
@@ -254,7 +254,7 @@ def test_grid_persistent_plans_are_consistent(sms):
                 for schedule in (None, "grid"):
                     plan = plan_for(normc.spec("t d : norm over d ; scale d ; shift d"), (rows, length), dtype,
                                     sms=sms, schedule=schedule)
-                    if not (plan.schedule == "persistent" and plan.splits > 1):
+                    if not plan.grid_persistent:
                         continue
                     seen += 1
                     assert plan.cluster == 1 and plan.grid == rows * plan.splits <= sms, plan.describe()
