@@ -1051,8 +1051,13 @@ def load_result(path, kind="forward") -> dict:
     result = _read_json(path, path)
     meta = result.get("meta") if isinstance(result, dict) else None
     held = meta.get("kind", "forward") if isinstance(meta, dict) else None
+    if held is None:
+        raise ArgumentError(f"{path}: expected an object with meta, rows and summary, as normc bench writes them "
+                            "(no meta object found)")
     if held != kind:
-        raise ArgumentError(f"{path} holds a {held or 'non-bench'} run, not a {kind} one")
+        raise ArgumentError(f"{path} holds a {held} run, not a {kind} one"
+                            + (" (render it without --backward)" if held == "forward" else
+                               " (render it with --backward)" if held == "backward" else ""))
     rows = result.get("rows")
     if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows)
             and isinstance(result.get("summary"), dict)):

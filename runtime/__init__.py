@@ -372,8 +372,7 @@ class Compiled:
             fast = self._fast.get(fk)
             if fast is not None:
                 return fast(x, scale, shift)
-        if return_stats not in (True, False):  # also accepts numpy's bool_
-            raise ArgumentError(f"return_stats is {return_stats!r}; expected True or False")
+        return_stats = check_flag(return_stats, "return_stats")  # bool or numpy's bool_, as plan(stats=...)
         launch = _LaunchStream(stream, x)
         xi = describe(x, "x", launch)
         si = None if scale is None else describe(scale, "scale", launch)

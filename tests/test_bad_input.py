@@ -355,6 +355,12 @@ def test_runtime_and_plan_flags_are_bools():
         normc.compile(LN, use_tuning="no")
     with pytest.raises(ArgumentError, match="stats"):
         normc.plan(LN, (4, 8), stats="no")
+    f = normc.compile("t d : norm over d")
+    x = np.ones((4, 8), np.float32)
+    for bad in (1, "yes"):  # return_stats=1 was accepted where plan(stats=1) was refused
+        with pytest.raises(ArgumentError, match=f"return_stats is {bad!r}; expected True or False"):
+            f(x, return_stats=bad)
+    assert len(f(x, return_stats=np.bool_(True))) == 3
     with pytest.raises(ArgumentError, match="out_strides has overlapping memory"):
         normc.plan(LN, (4, 8), out_strides=(0, 0))
 

@@ -352,7 +352,11 @@ def test_cli_render_backward(tmp_path, capsys):
     # a forward run's JSON is not rendered as a backward one, nor the other way round
     (tmp_path / "bench.json").write_text(json.dumps(res))
     assert main(["bench", "--render", "--out", str(tmp_path)]) == 2
-    assert "holds a backward run, not a forward one" in capsys.readouterr().err
+    assert "holds a backward run, not a forward one (render it with --backward)" in capsys.readouterr().err
+    # a JSON object that no bench run wrote says what it lacks (it said "holds a non-bench run")
+    (tmp_path / "bench.json").write_text(json.dumps({"rows": [{"a": 1}]}))
+    assert main(["bench", "--render", "--out", str(tmp_path)]) == 2
+    assert "expected an object with meta, rows and summary" in capsys.readouterr().err
 
 
 def test_cli_render_forward_unchanged(tmp_path, capsys):
