@@ -43,9 +43,26 @@ def autotune(spec, x, scale=None, shift=None, *, reps=50):
 
 
 def plan(spec, shape, dtype="float32", **kw):
-    """Plan ``spec`` for an x of ``shape``; see :func:`normc.api.plan_for`."""
-    from .api import plan_for
+    """Plan ``spec`` for an x of ``shape``; see :func:`normc.api.plan_for` for the keyword arguments.
 
+    Raises:
+        normc.ArgumentError: a keyword ``plan_for`` does not take (a split dim's size, e.g. ``g=2``, belongs to
+            the spec: ``normc.plan(normc.spec(text, g=2), ...)``); the errors of ``plan_for``.
+    """
+    import inspect
+
+    from .api import plan_for
+    from .errors import ArgumentError
+
+    unknown = sorted(set(kw) - set(inspect.signature(plan_for).parameters))
+    if unknown:
+        hint = ""
+        if all(isinstance(kw[k], int) for k in unknown) and isinstance(spec, str):
+            sizes = ", ".join(f"{k}={kw[k]}" for k in unknown)
+            hint = f"; a split dim's size goes into the spec: normc.plan(normc.spec(text, {sizes}), ...)"
+        known = [p for p in inspect.signature(plan_for).parameters if p not in ("spec", "shape", "dtype")]
+        raise ArgumentError(f"unexpected keyword argument(s) {', '.join(unknown)} for normc.plan; expected some of "
+                            f"{', '.join(known)}{hint}")
     return plan_for(spec, shape, dtype=dtype, **kw)
 
 

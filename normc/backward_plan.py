@@ -612,8 +612,7 @@ class BackwardPlan:
         """The plan written by :meth:`to_json` (``normc plan --backward --json``), equal to the one written.
 
         Raises:
-            TypeError: ``text`` is not a str, bytes or bytearray.
-            normc.ArgumentError: (a ValueError) ``text`` is not JSON, or not a backward plan's JSON object; the
+            normc.ArgumentError: (a ValueError) ``text`` is not a str, bytes or bytearray, is not JSON, or not a backward plan's JSON object; the
                 message names the missing, unknown or malformed field (a value of the wrong type, a dtype or
                 statistic normc does not know, an eps :func:`normc.spec` refuses).
         """

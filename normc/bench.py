@@ -1086,19 +1086,32 @@ def render(out_dir, kind="forward") -> tuple:
         raise ArgumentError(f"--out {out_dir}: cannot write the reports ({e.strerror or e}: "
                             f"{e.filename or out_dir})") from None
     except _MALFORMED as e:
-        raise _malformed(path, kind, e) from None
+        raise _malformed(path, kind, e, _failing_row(result)) from None
+
+
+def _failing_row(result):
+    """The ``row`` value (else list position) of the first row of ``result`` that :func:`markdown` fails on
+    alone, or None (for the error message of a malformed recorded run)."""
+    for i, r in enumerate(result["rows"]):
+        try:
+            markdown({**result, "rows": [r]})
+        except _MALFORMED:
+            return r.get("row", f"#{i}")
+    return None
 
 
 # what reading a recorded run with a field missing or of the wrong kind raises
 _MALFORMED = (KeyError, TypeError, ValueError, IndexError, AttributeError)
 
 
-def _malformed(path, kind, e):
-    """The :class:`normc.ArgumentError` for a recorded run at ``path`` that reading failed on with ``e``."""
+def _malformed(path, kind, e, row=None):
+    """The :class:`normc.ArgumentError` for a recorded run at ``path`` that reading failed on with ``e`` (in its
+    row ``row``, where known)."""
     from .errors import ArgumentError
 
     what = f"no field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
-    return ArgumentError(f"{path}: not a {kind} run as normc bench writes it ({what})")
+    where = "" if row is None else f" row {row!r}:"
+    return ArgumentError(f"{path}:{where} not a {kind} run as normc bench writes it ({what})")
 
 
 def _resumable(path, kind) -> dict:

@@ -409,8 +409,7 @@ class Plan:
         """The plan written by :meth:`to_json`.
 
         Raises:
-            TypeError: ``text`` is not a str, bytes or bytearray.
-            normc.ArgumentError: (a ValueError) ``text`` is not JSON, or not a plan's JSON object; the
+            normc.ArgumentError: (a ValueError) ``text`` is not a str, bytes or bytearray, is not JSON, or not a plan's JSON object; the
                 message names the missing, unknown or malformed field (a value of the wrong type, a dtype or
                 statistic normc does not know, an eps :func:`normc.spec` refuses).
         """
@@ -560,6 +559,8 @@ def _check_json_value(v, f, what, writer):
 def _json_object(text, cls, writer) -> dict:
     """The JSON object ``text`` holds, read as the fields of dataclass ``cls`` (:func:`_json_fields`);
     :class:`normc.ArgumentError` when it is not JSON (``writer``: what writes such text, for the messages)."""
+    if not isinstance(text, (str, bytes, bytearray)):
+        raise ArgumentError(f"text is {type(text).__name__}; expected the str of {writer}")
     try:
         d = json.loads(text)
     except ValueError as e:

@@ -124,13 +124,13 @@ _STREAM_ATTRS = ("cuda_stream", "ptr", "handle", "__cuda_stream__")
 
 
 def check_stream(stream):
-    """Raise :class:`ArgumentError` unless ``stream`` is None, a non-negative int handle, or an object with a
-    raw handle :func:`_stream_handle` can read (torch, CuPy, Numba, cuda.core streams)."""
-    if stream is None or (isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0):
+    """Raise :class:`ArgumentError` unless ``stream`` is None, an int handle (a Python int in [0, 2**64)), or an
+    object with a raw handle :func:`_stream_handle` can read (torch, CuPy, Numba, cuda.core streams)."""
+    if stream is None or (isinstance(stream, int) and not isinstance(stream, bool) and 0 <= stream < 2**64):
         return
     if not any(hasattr(stream, a) for a in _STREAM_ATTRS) and not _is_sim_stream(stream):  # also -1 or a bool
         raise ArgumentError(f"stream is {stream!r}; expected a CUDA stream object (torch, CuPy, Numba, "
-                            f"cuda.core) or a non-negative int handle")
+                            f"cuda.core) or an int handle (a Python int in [0, 2**64))")
 
 
 def _is_sim_stream(stream) -> bool:

@@ -350,6 +350,16 @@ def test_family_flags_are_bools(call, words):
     assert normc.layer_norm(elementwise_affine=np.bool_(False)).scale is None
 
 
+def test_plan_names_an_unknown_keyword():
+    # a split dim's size given to plan() raised "TypeError: plan_for() got an unexpected keyword argument 'g'"
+    text = "n (g k) h w : norm over k h w"
+    with pytest.raises(ArgumentError, match=r"keyword argument\(s\) g for normc.plan; .*layout.*normc.spec\(text, g=2\)"):
+        normc.plan(text, (2, 4, 2, 2), layout="n h w (g k)", g=2)
+    with pytest.raises(ArgumentError, match="keyword argument\\(s\\) foo for normc.plan; expected some of strides"):
+        normc.plan(text, (2, 4, 2, 2), foo="x")
+    assert normc.plan(normc.spec(text, g=2), (2, 4, 2, 2), layout="n h w (g k)").strategy == "mixed"
+
+
 def test_runtime_and_plan_flags_are_bools():
     with pytest.raises(ArgumentError, match="use_tuning"):
         normc.compile(LN, use_tuning="no")

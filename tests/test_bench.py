@@ -353,6 +353,12 @@ def test_cli_render_backward(tmp_path, capsys):
     (tmp_path / "bench.json").write_text(json.dumps(res))
     assert main(["bench", "--render", "--out", str(tmp_path)]) == 2
     assert "holds a backward run, not a forward one (render it with --backward)" in capsys.readouterr().err
+    # a row with a field of the wrong kind is named (the message named neither row nor field)
+    bad = _fake_result()
+    bad["rows"][2]["floor_us"] = "x"
+    (tmp_path / "bench.json").write_text(json.dumps(bad))
+    assert main(["bench", "--render", "--out", str(tmp_path)]) == 2
+    assert "bench.json: row 2: not a forward run as normc bench writes it (ValueError" in capsys.readouterr().err
     # a JSON object that no bench run wrote says what it lacks (it said "holds a non-bench run")
     (tmp_path / "bench.json").write_text(json.dumps({"rows": [{"a": 1}]}))
     assert main(["bench", "--render", "--out", str(tmp_path)]) == 2

@@ -257,12 +257,13 @@ def test_bad_out_dtype(bad):
         normc.compile(PLAIN, out_dtype=bad)
 
 
-@pytest.mark.parametrize("bad", [object(), "abc", -1, True], ids=["object", "str", "negative", "bool"])
+@pytest.mark.parametrize("bad", [object(), "abc", -1, True, 2**70, np.int64(3)],
+                         ids=["object", "str", "negative", "bool", "over-64-bit", "numpy-int"])
 def test_bad_stream_is_argument_error(bad):
     # checked on every call, also on the simulator (which launches on no stream), forward and backward
     f = normc.compile(PLAIN)
     x = make_x((1, 4), "float32")
-    with raises(ArgumentError, "stream is"):
+    with raises(ArgumentError, "stream is", "a Python int in [0, 2**64)"):
         f(x, stream=bad)
     _, m, r = f(x, return_stats=True)
     with raises(ArgumentError, "stream is"):
@@ -429,6 +430,7 @@ def test_malformed_plan_json_names_what_is_wrong():
         ("{}", ["text lacks Plan field(s) strategy, schedule, axes,"]),
         ("[1,2]", ["text holds a JSON list", "expected an object of Plan fields"]),
         ("not json", ["text is not JSON"]),
+        (None, ["text is NoneType; expected the str of Plan.to_json()"]),  # was json's own TypeError
         (json.dumps({k: v for k, v in good.items() if k != "grid"}), ["text lacks Plan field(s) grid;"]),
         (json.dumps({**good, "bogus": 1}), ["text has unknown field(s) bogus"]),
         (json.dumps({**good, "axes": 3}), ["text: axes is 3", "list"]),
