@@ -3,7 +3,8 @@
     python tests/gpu_backward_ab.py --rows 36-39,43,44 --configs "default;COLS=0" [--kernels] [--out DIR]
 
 Each config is ``default`` or comma-separated ``NAME=INT`` assignments to module-level constants of
-``normc.backward_plan`` (booleans as 1/0), applied on top of the defaults. For each anchor row and each
+``normc.backward_plan`` (booleans as 1/0), or ``lowering.NAME=INT`` to those of ``normc.lowering.backward``
+(kernel-source constants: they also go into the kernel cache's key), applied on top of the defaults. For each anchor row and each
 config, plans and times normc's backward (``normc.bench.bench_backward_row``, normc only: CUDA-graph replay,
 rotating inputs) and checks that every config gives the same dx, dscale and dshift as the first (largest
 error relative to the gradient's largest magnitude, against the dtype's gradient tolerance); ``--kernels``
@@ -51,6 +52,12 @@ def main(argv=None) -> int:
 
     import normc
     import normc.backward_plan as bpm
+    from normc import runtime
+    from normc.lowering import backward as lbm
+
+    versions = runtime.versions
+    runtime.versions = lambda: {**versions(), "ab": sorted((n, getattr(lbm, n)) for n in lowered)}
+    lowered = set()
     from normc.bench import (GRAD_TOL, bench_backward_row, copy_bandwidth, load_table, make_grads, make_inputs,
                              parse_rows)
 
@@ -59,11 +66,20 @@ def main(argv=None) -> int:
         cfg = {}
         for part in ([] if text.strip() == "default" else text.split(",")):
             name, _, v = part.strip().partition("=")
-            if not hasattr(bpm, name) or not v.lstrip("-").isdigit():
-                ap.error(f"--configs: {part!r} is not NAME=INT for a constant of normc.backward_plan")
-            cfg[name] = (v == "1") if isinstance(getattr(bpm, name), bool) else int(v)
+            mod = lbm if name.startswith("lowering.") else bpm
+            if name.startswith("lowering."):
+                lowered.add(name[len("lowering."):])
+            if not hasattr(mod, name.rpartition(".")[2]) or not v.lstrip("-").isdigit():
+                ap.error(f"--configs: {part!r} is not NAME=INT for a constant of normc.backward_plan "
+                         "(or lowering.NAME for normc.lowering.backward)")
+            cur = getattr(mod, name.rpartition(".")[2])
+            cfg[name] = (v == "1") if isinstance(cur, bool) else int(v)
         configs.append((text.strip(), cfg))
-    orig = {n: getattr(bpm, n) for _, c in configs for n in c}
+
+    def _mod(n):
+        return (lbm, n[len("lowering."):]) if n.startswith("lowering.") else (bpm, n)
+
+    orig = {n: getattr(*_mod(n)) for _, c in configs for n in c}
     tab = load_table()
     rows = parse_rows(a.rows, len(tab))
     props = torch.cuda.get_device_properties(0)
@@ -78,7 +94,7 @@ def main(argv=None) -> int:
         first = None
         for text, cfg in configs:
             for n, v in orig.items():
-                setattr(bpm, n, cfg.get(n, v))
+                setattr(*_mod(n), cfg.get(n, v))
             try:
                 f = normc.compile(spec)
                 _, m, r = f(xs[0], sc, sh, return_stats=True)
@@ -110,7 +126,7 @@ def main(argv=None) -> int:
         del xs, dy, first
         torch.cuda.empty_cache()
     for n, v in orig.items():
-        setattr(bpm, n, v)
+        setattr(*_mod(n), v)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "ab.json"), "w") as fh:
         json.dump({"configs": [t for t, _ in configs], "bw": bw, "rows": results}, fh, indent=1)
