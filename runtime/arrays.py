@@ -165,6 +165,9 @@ def _immutable(obj) -> bool:
 
 
 def _describe_numpy(arr, name, readonly) -> ArrayInfo:
+    if isinstance(arr, np.ma.MaskedArray):  # its mask would be ignored, and y would come back unmasked
+        raise ArgumentError(f"{name} is a numpy masked array; normc would ignore its mask: pass {name}.filled(v) "
+                            f"or {name}.data")
     isz = arr.dtype.itemsize
     if any(s % isz for s in arr.strides):
         raise ArgumentError(f"{name} has strides {arr.strides} bytes, not a multiple of its itemsize {isz}")

@@ -350,6 +350,16 @@ def test_family_flags_are_bools(call, words):
     assert normc.layer_norm(elementwise_affine=np.bool_(False)).scale is None
 
 
+def test_masked_array_is_refused():
+    # its mask was ignored and y came back as a plain ndarray
+    f = normc.compile("t d : norm over d")
+    x = np.ma.masked_array(np.ones((2, 8), np.float32), mask=np.eye(2, 8, dtype=bool))
+    with pytest.raises(ArgumentError, match=r"x is a numpy masked array; normc would ignore its mask: pass x.filled"):
+        f(x)
+    with pytest.raises(ArgumentError, match="out is a numpy masked array"):
+        f(x.data, out=np.ma.masked_array(np.zeros((2, 8), np.float32)))
+
+
 def test_plan_names_an_unknown_keyword():
     # a split dim's size given to plan() raised "TypeError: plan_for() got an unexpected keyword argument 'g'"
     text = "n (g k) h w : norm over k h w"
