@@ -55,6 +55,10 @@ _SUM = {"dscale": "dyx", "dshift": "dy"}  # the sum each parameter gradient is m
 # Row-finish kernels: one warp per parameter element (lanes striding over its rows, then an xor butterfly) when
 # an element has more rows than this; one thread per element otherwise.
 ROW_FINISH_WARP_ROWS = 32
+# Partial-sum finish kernels (normc_bwd_fparam_finish, normc_bwd_cols_finish): loads a thread issues before
+# adding (per output; :meth:`_Red.partials_finish`). 0: the strided load-add loop, which NVVM unrolls by 4 per
+# output, one output after the other (about 2 x ceil(G / 32) dependent rounds of loads for G partials).
+FINISH_LOADS = 16
 
 
 def _ordered_sum(g, pairs, lanes, stride, idx, var):
@@ -624,8 +628,14 @@ class _Red(_Emitter):
 
     def partials_finish(self, name, outputs, G, P, W):
         """Adds ``G`` float32 partials per parameter element of each of ``outputs`` (at ``W + (output*G + s)*P
-        + element``) in ``s`` order: 32 parameter elements per CTA, 8 warps striding over the partials,
-        combined in warp order; converted once to the parameter's dtype."""
+        + element``) in a fixed order: 32 parameter elements per CTA (one 128-byte line per partial), warp ``w``
+        of 8 adding the contiguous partials ``[w*c, (w+1)*c)``, ``c = ceil(G/8)``, in ``s`` order, then the
+        warps' sums added in warp order; converted once to the parameter's dtype.
+
+        With ``FINISH_LOADS`` > 0 a thread issues the loads of up to that many partials of every output
+        before adding any (a batch: ``ceil(c / batches)`` partials, all independent), so a warp has them in
+        flight at once instead of one load-add chain per output; 0 emits the earlier strided loop
+        (``s = w, w+8, ...`` per output), kept for A/B runs."""
         b = self.bp
         g = _Src()
         self.shared = 0
@@ -637,8 +647,26 @@ class _Red(_Emitter):
         for i, o in enumerate(outputs):
             self.smem(g, f"sF{i}", 256)
             g(f"t{i} = F32(0.0)")
-            with g.block(f"for s in range(ty, {G}, 8):"):
-                g(f"t{i} = t{i} + ld1_f32(wp, {W + i * G * P} + s * {P} + kc)")
+        if FINISH_LOADS > 0:
+            c = -(-G // 8)
+            nb = -(-c // FINISH_LOADS)
+            u = -(-c // nb)
+            g(f"s0 = ty * {c}")
+            g(f"se = min(s0 + {c}, {G})")
+            with g.block(f"for sb in range(s0, s0 + {nb * u}, {u}):"):
+                for j in range(u):
+                    g(f"sj = min(sb + {j}, {G - 1})")
+                    for i in range(len(outputs)):
+                        g(f"v{i}_{j} = ld1_f32(wp, {W + i * G * P} + sj * {P} + kc)")
+                for j in range(u):
+                    with g.block(f"if sb + {j} < se:"):
+                        for i in range(len(outputs)):
+                            g(f"t{i} = t{i} + v{i}_{j}")
+        else:
+            for i in range(len(outputs)):
+                with g.block(f"for s in range(ty, {G}, 8):"):
+                    g(f"t{i} = t{i} + ld1_f32(wp, {W + i * G * P} + s * {P} + kc)")
+        for i in range(len(outputs)):
             g(f"sF{i}[tid] = t{i}")
         g("cuda.syncthreads()")
         with g.block(f"if ty == 0 and k < {P}:"):

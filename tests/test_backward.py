@@ -185,6 +185,24 @@ def test_column_pass_warp_row_sums_with_idle_warps(monkeypatch):
         assert cp.sum_splits == 11 and cp.rows_per_group == 1 and cp.threads == 64
 
 
+@pytest.mark.parametrize("loads", [0, 2, 16])
+def test_partials_finish_batches(loads, monkeypatch):
+    # the finish kernel of 19 per-group partials (column pass, one row per group): warp w of 8 adds the
+    # partials [3w, 3w + 3), in batches of `loads` loads (2: two batches, the second's last load masked; the
+    # 7th warp has one partial, the 8th none), or the strided loop (0)
+    import normc.backward_plan as bpm
+    from normc.lowering import backward as lbm
+
+    monkeypatch.setattr(bpm, "FORCED_SPLITS", 19)
+    monkeypatch.setattr(lbm, "FINISH_LOADS", loads)
+    _, plan = run_bwd(LN, make_x((19, 40), "float32"), schedule="split")
+    assert plan.cols.groups == 19
+    src = generate_backward(plan)[-1]
+    assert src.name == "normc_bwd_cols_finish"
+    batch = {0: 0, 2: 2, 16: 3}[loads]  # loads per output a batch (c = 3 partials a warp)
+    assert [f"v1_{j} = " in src.source for j in range(4)] == [j < batch for j in range(4)]
+
+
 @pytest.mark.parametrize("schedule", [None, "looped", "split", "cluster"])
 @pytest.mark.parametrize("spec,shape,perm", [
     (LN, (0, 40), None), (LN, (5, 0), None), (LN, (0, 0), None),
