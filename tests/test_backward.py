@@ -193,9 +193,9 @@ def test_partials_finish_batches(loads, monkeypatch):
     import normc.backward_plan as bpm
     from normc.lowering import backward as lbm
 
-    monkeypatch.setattr(bpm, "FORCED_SPLITS", 19)
+    monkeypatch.setattr(bpm, "COLS_MAX_GROUP_ROWS", 1)
     monkeypatch.setattr(lbm, "FINISH_LOADS", loads)
-    _, plan = run_bwd(LN, make_x((19, 40), "float32"), schedule="split")
+    _, plan = run_bwd(LN, make_x((19, 40), "float32"), schedule="looped")
     assert plan.cols.groups == 19
     src = generate_backward(plan)[-1]
     assert src.name == "normc_bwd_cols_finish"
