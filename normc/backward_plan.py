@@ -591,7 +591,10 @@ class BackwardPlan:
 
     @property
     def workspace_floats(self) -> int:
-        """float32 scratch elements one backward call needs (0: no workspace)."""
+        """float32 scratch elements one backward call needs (0: no workspace, also for a zero-size input, where
+        nothing launches)."""
+        if self.kept * self.reduced == 0:
+            return 0
         fz = self.fused.workspace_floats if self.fused is not None else 0
         fz += self.cols.workspace_floats if self.cols is not None else 0
         return fz + sum(r.workspace_floats for r in ((() if self.fused else (self.dx,)) + self.params))

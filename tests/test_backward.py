@@ -223,6 +223,9 @@ def test_empty_backward(spec, shape, perm, schedule):
     dx, dw, db = f.backward(np.zeros_like(x), x, mean, rstd, w)
     assert dx.shape == x.shape and dw.shape == w.shape and db.shape == b.shape
     assert not np.any(dw) and not np.any(db)
+    # the plan launches nothing and says it needs no workspace (it said 12 floats for (2, 3, 0, 5))
+    plan = plan_backward(sp, shape, "float32", layout=None if perm is None else "n h w c", schedule=schedule)
+    assert plan.workspace_floats == 0 and "launch:   none" in plan.describe()
 
 
 def test_column_pass_determinism():
