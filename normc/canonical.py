@@ -154,7 +154,7 @@ def check_no_overlap(shape, strides, name):
     for s, n in dims:
         if s < span:
             raise ArgumentError(
-                f"{name} has overlapping memory (strides {tuple(strides)} for shape {tuple(shape)}); "
+                f"{name} has overlapping memory (element strides {tuple(strides)} for shape {tuple(shape)}); "
                 f"expected an array whose elements are all distinct"
             )
         span = s * n

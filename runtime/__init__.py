@@ -486,7 +486,7 @@ class Compiled:
             # C order (row-major) is required: the elements are read as the spec's axes in spec order.
             if not c_order(info):
                 raise ArgumentError(
-                    f"{name} must be C-contiguous (row-major; got strides {info.strides} for shape {info.shape}): "
+                    f"{name} must be C-contiguous (row-major; got element strides {info.strides} for shape {info.shape}): "
                     f"its elements are read in the order of the axes '{' '.join(getattr(spec, name))}'"
                 )
         out_dtype = self.out_dtype or xi.dtype
@@ -519,7 +519,7 @@ class Compiled:
         if oi.ptr == xi.ptr and (tuple(oi.strides) != tuple(xi.strides) or _isz(oi.dtype) != _isz(xi.dtype)):
             # in place only element for element: with another itemsize, a CTA's stores would land on elements
             # of x that other CTAs have yet to read
-            raise ArgumentError(f"out aliases x with different strides or itemsize (out {oi.dtype}, strides "
+            raise ArgumentError(f"out aliases x with different strides or itemsize (out {oi.dtype}, element strides "
                                 f"{tuple(oi.strides)}; x {xi.dtype}, strides {tuple(xi.strides)}); expected x "
                                 f"itself (same strides and element size) or a separate array")
         if oi.ptr != xi.ptr and _overlaps(xi, oi):

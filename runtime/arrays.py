@@ -170,7 +170,7 @@ def _describe_numpy(arr, name, readonly) -> ArrayInfo:
                             f"or {name}.data")
     isz = arr.dtype.itemsize
     if any(s % isz for s in arr.strides):
-        raise ArgumentError(f"{name} has strides {arr.strides} bytes, not a multiple of its itemsize {isz}")
+        raise ArgumentError(f"{name} has byte strides {arr.strides}, not a multiple of its itemsize {isz}")
     return ArrayInfo(arr, "numpy", arr.__array_interface__["data"][0], tuple(arr.shape),
                      tuple(s // isz for s in arr.strides), arr.dtype.name, None, bool(readonly))
 

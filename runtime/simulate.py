@@ -32,7 +32,7 @@ def _flat(a, name):
         return np.zeros(1, np.float32)
     if any(s < 0 and n > 1 for n, s in zip(a.shape, a.strides)):
         raise ArgumentError(
-            f"{name} has negative strides {a.strides} (bytes); the simulator supports non-negative strides "
+            f"{name} has negative byte strides {a.strides}; the simulator supports non-negative strides "
             f"only (pass a copy, e.g. numpy.ascontiguousarray)"
         )
     isz = a.dtype.itemsize
