@@ -29,7 +29,13 @@ import functools
 import math
 from typing import Optional
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as e:  # still a ModuleNotFoundError (pytest.importorskip, try/except ImportError)
+    if e.name != "torch":
+        raise
+    raise ModuleNotFoundError("normc.torch needs PyTorch, which is not installed: pip install torch (a CUDA "
+                              "build, https://pytorch.org/get-started/)", name="torch") from None
 from torch import Tensor, nn
 
 import normc

@@ -517,3 +517,15 @@ def test_backward_examples_without_torch_name_everything_missing(script, needs):
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert res.stderr.strip().splitlines()[-1] == (
         f"{script} needs {needs}: pip install {needs.replace(' and ', ' ')} (and a CUDA GPU)")
+
+
+def test_normc_torch_without_torch_says_what_to_install():
+    # a bare "No module named 'torch'" from normc/torch.py; still a ModuleNotFoundError (importorskip works)
+    import subprocess
+    import sys
+
+    code = ("import sys\nsys.modules['torch'] = None\n"
+            "try:\n    import normc.torch\nexcept ModuleNotFoundError as e:\n    print(e.name, '|', e)\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.stdout.startswith("torch | normc.torch needs PyTorch, which is not installed: pip install torch"), (
+        res.stdout + res.stderr)
