@@ -17,13 +17,8 @@ import sys
 
 from . import __version__
 from .errors import NormcError, SpecError
+from .problem import DTYPE_ALIASES
 
-# Accepted spellings of the three dtypes.
-_DTYPES = {
-    "float32": "float32", "f32": "float32", "fp32": "float32", "float": "float32",
-    "float16": "float16", "f16": "float16", "fp16": "float16", "half": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-}
 
 _EXAMPLES = """\
 examples:
@@ -95,7 +90,7 @@ def _parse_eps(text: str) -> float:
 def _parse_dtype(text, flag):
     if text is None:
         return None
-    dt = _DTYPES.get(text.strip().lower())
+    dt = DTYPE_ALIASES.get(text.strip().lower())
     if dt is None:
         raise _UsageError(f"{flag} {text!r}: expected float32, float16 or bfloat16")
     return dt

@@ -11,12 +11,23 @@ from .errors import ArgumentError
 DTYPES = ("float32", "float16", "bfloat16")
 
 
+# Accepted spellings of the three dtypes (strings, in Python and on the command line).
+DTYPE_ALIASES = {
+    "float32": "float32", "f32": "float32", "fp32": "float32", "float": "float32",
+    "float16": "float16", "f16": "float16", "fp16": "float16", "half": "float16",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+}
+
+
 def dtype_name(dt):
-    """The name normc uses for a dtype given as a string, a numpy dtype or scalar type (``np.float16``,
-    ``np.dtype("float16")``, ``ml_dtypes.bfloat16``) or a torch dtype (``torch.float16``); ``None`` stays
-    ``None``. Anything else comes back as its ``str`` so that the caller's check names it."""
-    if dt is None or isinstance(dt, str):
+    """The name normc uses for a dtype given as a string (a name or an alias of :data:`DTYPE_ALIASES`, e.g.
+    ``"bf16"``), a numpy dtype or scalar type (``np.float16``, ``np.dtype("float16")``, ``ml_dtypes.bfloat16``)
+    or a torch dtype (``torch.float16``); ``None`` stays ``None``. Anything else comes back as its ``str`` so
+    that the caller's check names it."""
+    if dt is None:
         return dt
+    if isinstance(dt, str):
+        return DTYPE_ALIASES.get(dt.strip().lower(), dt)
     name = getattr(dt, "name", None)  # numpy dtypes
     if not isinstance(name, str) and isinstance(dt, type):
         import numpy as np

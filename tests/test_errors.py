@@ -251,10 +251,19 @@ def test_bad_schedule(bad):
         normc.compile(PLAIN, schedule=bad)
 
 
-@pytest.mark.parametrize("bad", ["float64", "int8", "half"])
+@pytest.mark.parametrize("bad", ["float64", "int8", "fp64"])
 def test_bad_out_dtype(bad):
     with raises(ArgumentError, "out_dtype"):
         normc.compile(PLAIN, out_dtype=bad)
+
+
+def test_dtype_aliases_as_on_the_command_line():
+    # "bf16" / "fp16" / "half" worked in `normc plan --dtype` but were refused by normc.compile and normc.plan
+    f = normc.compile(PLAIN, out_dtype="bf16")
+    assert f(make_x((2, 8), "float32")).dtype.name == "bfloat16"
+    p = normc.plan(PLAIN, (4, 8), "fp16", out_dtype="half")
+    assert (p.x_dtype, p.out_dtype) == ("float16", "float16")
+    assert normc.plan(PLAIN, (4, 8), " FP32 ").x_dtype == "float32"
 
 
 @pytest.mark.parametrize("bad", [object(), "abc", -1, True, 2**70, np.int64(3)],
