@@ -54,13 +54,14 @@ def plan(spec, shape, dtype="float32", **kw):
     from .api import plan_for
     from .errors import ArgumentError
 
-    unknown = sorted(set(kw) - set(inspect.signature(plan_for).parameters))
+    params = inspect.signature(plan_for).parameters
+    unknown = sorted(set(kw) - set(params))
     if unknown:
         hint = ""
         if all(isinstance(kw[k], int) for k in unknown) and isinstance(spec, str):
             sizes = ", ".join(f"{k}={kw[k]}" for k in unknown)
             hint = f"; a split dim's size goes into the spec: normc.plan(normc.spec(text, {sizes}), ...)"
-        known = [p for p in inspect.signature(plan_for).parameters if p not in ("spec", "shape", "dtype")]
+        known = [p for p in params if p not in ("spec", "shape", "dtype")]
         raise ArgumentError(f"unexpected keyword argument(s) {', '.join(unknown)} for normc.plan; expected some of "
                             f"{', '.join(known)}{hint}")
     return plan_for(spec, shape, dtype=dtype, **kw)

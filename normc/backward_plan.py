@@ -615,9 +615,9 @@ class BackwardPlan:
         """The plan written by :meth:`to_json` (``normc plan --backward --json``), equal to the one written.
 
         Raises:
-            normc.ArgumentError: (a ValueError) ``text`` is not a str, bytes or bytearray, is not JSON, or not a backward plan's JSON object; the
-                message names the missing, unknown or malformed field (a value of the wrong type, a dtype or
-                statistic normc does not know, an eps :func:`normc.spec` refuses).
+            normc.ArgumentError: (a ValueError) ``text`` is not a str, bytes or bytearray, is not JSON, or not a
+                backward plan's JSON object; the message names the missing, unknown or malformed field (a value of
+                the wrong type, a dtype or statistic normc does not know, an eps :func:`normc.spec` refuses).
         """
         d = _json_object(text, cls, _WRITER)
         params = d["params"]

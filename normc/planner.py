@@ -409,9 +409,9 @@ class Plan:
         """The plan written by :meth:`to_json`.
 
         Raises:
-            normc.ArgumentError: (a ValueError) ``text`` is not a str, bytes or bytearray, is not JSON, or not a plan's JSON object; the
-                message names the missing, unknown or malformed field (a value of the wrong type, a dtype or
-                statistic normc does not know, an eps :func:`normc.spec` refuses).
+            normc.ArgumentError: (a ValueError) ``text`` is not a str, bytes or bytearray, is not JSON, or not a
+                plan's JSON object; the message names the missing, unknown or malformed field (a value of the wrong
+                type, a dtype or statistic normc does not know, an eps :func:`normc.spec` refuses).
         """
         d = _json_object(text, cls, "Plan.to_json()")
         d["axes"] = _axes_from_json(d["axes"], "text", "Plan.to_json()")

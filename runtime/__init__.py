@@ -486,7 +486,8 @@ class Compiled:
             # C order (row-major) is required: the elements are read as the spec's axes in spec order.
             if not c_order(info):
                 raise ArgumentError(
-                    f"{name} must be C-contiguous (row-major; got element strides {info.strides} for shape {info.shape}): "
+                    f"{name} must be C-contiguous (row-major; got element strides {info.strides} for shape "
+                    f"{info.shape}): "
                     f"its elements are read in the order of the axes '{' '.join(getattr(spec, name))}'"
                 )
         out_dtype = self.out_dtype or xi.dtype

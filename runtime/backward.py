@@ -68,7 +68,8 @@ def _check(compiled, gi, xi, mi, ri, si):
                                 f"{kept}, one per kept index (shape {stat_shape})")
         check_not_transposed(name, info.shape, spec.kept, sizes)  # e.g. mean.T: read in the wrong order
         if not c_order(info):
-            raise ArgumentError(f"{name} must be C-contiguous (got element strides {info.strides} for shape {info.shape})")
+            raise ArgumentError(f"{name} must be C-contiguous (got element strides {info.strides} for shape "
+                                f"{info.shape})")
     # presence, element count and order as the forward checks them (dx depends on the scale)
     check_param(spec, sizes, "scale", "scale", None if si is None else si.shape)
     if si is not None:
@@ -245,7 +246,8 @@ def _relayout(gi, strides):
         out = empty(gi, gi.shape, strides, gi.dtype)
         out[...] = gi.obj
         return out
-    raise ArgumentError(f"dy has element strides {gi.strides}; expected x's memory order (strides {tuple(strides)}) for a "
+    raise ArgumentError(f"dy has element strides {gi.strides}; expected x's memory order (strides "
+                        f"{tuple(strides)}) for a "
                         f"{gi.kind} array (normc copies torch, CuPy and numpy arrays itself)")
 
 

@@ -4,12 +4,12 @@
 
 Each config is ``default`` or comma-separated ``NAME=INT`` assignments to module-level constants of
 ``normc.backward_plan`` (booleans as 1/0), or ``lowering.NAME=INT`` to those of ``normc.lowering.backward``
-(kernel-source constants: they also go into the kernel cache's key), applied on top of the defaults. For each anchor row and each
-config, plans and times normc's backward (``normc.bench.bench_backward_row``, normc only: CUDA-graph replay,
-rotating inputs) and checks that every config gives the same dx, dscale and dshift as the first (largest
-error relative to the gradient's largest magnitude, against the dtype's gradient tolerance); ``--kernels``
-adds each kernel's GPU time (torch.profiler, 20 calls). Prints one line per row and config and writes
-``ab.json`` to DIR ($OUT by default). Exits non-zero when a config disagrees or fails.
+(kernel-source constants: they also go into the kernel cache's key), applied on top of the defaults.
+For each anchor row and each config, plans and times normc's backward (``normc.bench.bench_backward_row``, normc
+only: CUDA-graph replay, rotating inputs) and checks that every config gives the same dx, dscale and dshift as
+the first (largest error relative to the gradient's largest magnitude, against the dtype's gradient tolerance);
+``--kernels`` adds each kernel's GPU time (torch.profiler, 20 calls). Prints one line per row and config and
+writes ``ab.json`` to DIR ($OUT by default). Exits non-zero when a config disagrees or fails.
 """
 
 from __future__ import annotations
