@@ -69,6 +69,10 @@ CLUSTER_INTERLEAVE = 1
 # the partials): one exchange 1.0-3.6 us slower on all seven long-row layer norms (4 x 400,001 float32 14.9 vs
 # 13.9 us); docs/performance.md.
 GRID_ONE_EXCHANGE = 0
+# Inner persistent rows whose scale/shift are constant along the row (instance norm NCHW, group norm): 1 loads
+# them beside x, 0 after the row's statistics (one more dependent round trip before the first store). Not yet
+# timed on a GPU (2026-12-07): tests/gpu_sweep.py --rows 17,0,57 --case codegen.PRELOAD_ROW_PARAMS=0.
+PRELOAD_ROW_PARAMS = 1
 # Threads per SM the outer/mixed persistent kernels are compiled to keep resident (launch bounds, kept when
 # ptxas spills at most PERSISTENT_MAX_SPILL bytes); 0: registers uncapped. Measured on the H200
 # (tests/gpu_sweep.py, 2026-12-02) with 768 and a 512-byte spill allowance: NHWC instance norm (256, 128, 28,
@@ -670,19 +674,34 @@ class _Inner(_Kernel):
                 var[w] = any(a.stride(w) for a in self.red)
         return var
 
-    def emit_row_affine(self, g):
-        """a, b such that y = (x - mean)*a + b, folding per-row (kept-only) scale/shift.
+    def emit_row_param_loads(self, g):
+        """Load the row's scale and shift where they are constant along it (``sv``, ``hv``), ahead of use.
+
+        The persistent kernel issues them beside the row's x loads: after the reductions they would be one
+        more dependent global-memory round trip between the statistics and the first store (the shuffles
+        and barriers in between are not crossed by the compiler), which is most of a launch-bound row's
+        time on top of x's load (e.g. 2 x 32 x 6^3 instance norm: 8 CTAs). Two registers."""
+        var = self.params_for_row()
+        if var["scale"] is False:
+            g("sv = ld1_%s(sp, sb)" % TAG[self.p.scale_dtype])
+        if var["shift"] is False:
+            g("hv = ld1_%s(hp, hb)" % TAG[self.p.shift_dtype])
+
+    def emit_row_affine(self, g, loaded=False):
+        """a, b such that y = (x - mean)*a + b, folding per-row (kept-only) scale/shift (``loaded``: their
+        values are already in ``sv``/``hv``, from :meth:`emit_row_param_loads`).
 
         Subtracting the mean before scaling (rather than y = x*a' + b' with b' = shift - mean*a') keeps
         constant rows exact: y == shift. Scaled norm: y = (x*scl - mean)*a + b, mean and a scaled."""
+        if not loaded:
+            self.emit_row_param_loads(g)
         var = self.params_for_row()
         g("a = ra" if self.scaled and self.p.stat == "norm" else "a = rstd")
         g("b = F32(0.0)")
         if var["scale"] is False:
-            g("sv = ld1_%s(sp, sb)" % TAG[self.p.scale_dtype])
             g("a = a * sv")
         if var["shift"] is False:
-            g("b = b + ld1_%s(hp, hb)" % TAG[self.p.shift_dtype])
+            g("b = b + hv")
         return var
 
     def emit_normalize_vec(self, g, xs, offs, var, ok="True", raw=False, params=None, ob="ob", hint=""):
@@ -856,6 +875,8 @@ class _Inner(_Kernel):
         # Peeled rows: the up to 2 (V - 1) values around the whole vectors, handled by one thread of the row (of
         # the cluster's first CTA) as single values. Loaded again where each pass needs them (a masked load is a
         # no-op on the other threads) rather than held across the reductions beside the row's vectors.
+        if PRELOAD_ROW_PARAMS:
+            self.emit_row_param_loads(g)  # in flight with x's loads, not after the reductions
         edge_at = []
         if self.peel:
             who = "lane == 0 and rv" + (" and crank == 0" if C > 1 else "")
@@ -945,7 +966,7 @@ class _Inner(_Kernel):
         if p.cluster > 1:
             g("cluster_arrive()  # done reading the peers' shared memory (the wait is at kernel end)")
         self.finish_stats(g, "lane == 0 and rv and crank == 0", shifted=True)
-        var = self.emit_row_affine(g)
+        var = self.emit_row_affine(g, loaded=bool(PRELOAD_ROW_PARAMS))
         for names, ok, o in zip(xs, oks, offs):
             self.emit_normalize_vec(g, names, o, var, ok, hint=self.h_y)
         if edge_at:  # shifted as the registers are (RMS: as loaded), normalized as they are
