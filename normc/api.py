@@ -108,6 +108,10 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
                                ("scale_dtype", scale_dtype, True), ("shift_dtype", shift_dtype, True)):
         if not (optional and dt is None) and dt not in DTYPES:
             raise ArgumentError(f"{name} is {dt!r}; expected one of {', '.join(map(repr, DTYPES))}")
+    for name, dt in (("scale", scale_dtype), ("shift", shift_dtype)):
+        if dt is not None and getattr(spec, name) is None:
+            raise ArgumentError(f"{name}_dtype is {dt!r} but the spec has no {name} step; expected None "
+                                f"(or add '; {name} <axes>' to the spec)")
     stats = check_flag(stats, "stats")
     from .runtime.tune import SCHEDULES  # the one list of schedule names
 

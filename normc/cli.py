@@ -65,8 +65,11 @@ def _parse_sizes(items) -> dict:
         for piece in (s for s in item.split(",") if s.strip()):
             name, eq, value = piece.partition("=")
             name, value = name.strip(), value.strip()
-            if not eq or not name or not re.fullmatch(r"\d+", value):
+            if not eq or not name or not re.fullmatch(r"[-+]?\d+", value):
                 raise _UsageError(f"--size {piece!r}: expected NAME=INT, e.g. g=32")
+            if int(value) < 1:
+                raise _UsageError(f"--size {piece.strip()!r}: the size of a part of a split dim must be a positive "
+                                  f"int; expected e.g. {name}=32")
             if name in sizes:
                 raise _UsageError(f"--size {piece.strip()!r}: {name} is already sized by --size {name}={sizes[name]}; "
                                   "expected each part of a split dim sized once")

@@ -21,13 +21,21 @@ DTYPE_ALIASES = {
 
 def dtype_name(dt):
     """The name normc uses for a dtype given as a string (a name or an alias of :data:`DTYPE_ALIASES`, e.g.
-    ``"bf16"``), a numpy dtype or scalar type (``np.float16``, ``np.dtype("float16")``, ``ml_dtypes.bfloat16``)
+    ``"bf16"``, or a numpy type code such as ``"f4"``, ``"<f2"``), a numpy dtype or scalar type (``np.float16``, ``np.dtype("float16")``, ``ml_dtypes.bfloat16``)
     or a torch dtype (``torch.float16``); ``None`` stays ``None``. Anything else comes back as its ``str`` so
     that the caller's check names it."""
     if dt is None:
         return dt
     if isinstance(dt, str):
-        return DTYPE_ALIASES.get(dt.strip().lower(), dt)
+        name = DTYPE_ALIASES.get(dt.strip().lower())
+        if name is None:  # numpy's type codes, e.g. "f4", "<f2": np.dtype accepts them, so do we
+            import numpy as np
+
+            try:
+                name = np.dtype(dt.strip()).name
+            except TypeError:
+                name = None
+        return name if name in DTYPES else dt
     name = getattr(dt, "name", None)  # numpy dtypes
     if not isinstance(name, str) and isinstance(dt, type):
         import numpy as np

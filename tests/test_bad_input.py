@@ -371,6 +371,23 @@ def test_plan_names_an_unknown_keyword():
     assert normc.plan(normc.spec(text, g=2), (2, 4, 2, 2), layout="n h w (g k)").strategy == "mixed"
 
 
+def test_plan_refuses_param_dtype_without_the_step():
+    # was accepted silently (and ignored), though f(x, scale) is refused for such a spec
+    for name in ("scale", "shift"):
+        with pytest.raises(ArgumentError, match=f"{name}_dtype is 'float16' but the spec has no {name} step"):
+            normc.plan("t d : norm over d", (2, 8), **{f"{name}_dtype": "float16"})
+    assert normc.plan("t d : norm over d ; scale d", (2, 8), scale_dtype="float16").scale_dtype == "float16"
+
+
+def test_numpy_type_codes_name_dtypes():
+    # np.dtype("f4") is accepted, so its code is too; float64 ("f8") stays refused by name
+    f = normc.compile("t d : norm over d", out_dtype="<f2")
+    assert f(np.ones((2, 8), np.float32)).dtype == np.float16
+    assert normc.plan("t d : norm over d", (2, 8), dtype="f4").x_dtype == "float32"
+    with pytest.raises(ArgumentError, match="dtype is 'f8'; expected one of"):
+        normc.plan("t d : norm over d", (2, 8), dtype="f8")
+
+
 def test_runtime_and_plan_flags_are_bools():
     with pytest.raises(ArgumentError, match="use_tuning"):
         normc.compile(LN, use_tuning="no")

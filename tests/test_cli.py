@@ -297,6 +297,15 @@ def test_size_given_twice_names_the_argument(capsys):
             "sized once")
 
 
+def test_size_must_be_positive(capsys):
+    # -2 was "expected NAME=INT" (it is one) and 0 pointed at a column of the spec, not at --size
+    for value in ("-2", "0"):
+        assert main(["plan", "n (g k) h w : norm over k h w", "--size", f"g={value}", "--shape", "2,8,4,4"]) == 2
+        assert _one_error_line(capsys.readouterr().err) == (
+            f"normc: error: --size 'g={value}': the size of a part of a split dim must be a positive int; "
+            "expected e.g. g=32")
+
+
 def test_spec_error_reports_column(capsys):
     assert main(["plan", "n c h w : norm ovr h w", "--shape", "2,3,4,5"]) == 2
     line = _one_error_line(capsys.readouterr().err)
