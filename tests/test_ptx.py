@@ -372,3 +372,20 @@ def test_typing_memo_respects_compile_flags_and_other_threads():
         t.join()
     assert seen == [0]
     assert BaseFunction.get_call_type is not lowering._memo_get_call_type
+
+
+@pytest.mark.parametrize("preload", [1, 0])
+def test_row_params_load_beside_x(preload, monkeypatch):
+    """NCHW instance norm, persistent: a row's scale and shift (one value each) are loaded before the row's
+    first shuffle (``codegen.PRELOAD_ROW_PARAMS``), not after its statistics; 0 keeps the old order."""
+    monkeypatch.setattr(codegen, "PRELOAD_ROW_PARAMS", preload)
+    plan = plan_for(normc.spec("n c d h w : norm over d h w ; scale c ; shift c"), (2, 32, 6, 6, 6), "float32")
+    assert plan.schedule == "persistent"
+    (k,) = lower(plan)
+    lines = k.ptx.splitlines()
+    first_shfl = next(i for i, s in enumerate(lines) if "shfl.sync" in s)
+    scalar_loads = [i for i, s in enumerate(lines) if re.search(r"ld\.global\.f32\s", s)]
+    # x's pivot (the row's first value) and the two parameters are the kernel's scalar loads
+    assert len(scalar_loads) == 3
+    before = sum(i < first_shfl for i in scalar_loads)
+    assert before == (3 if preload else 1)
