@@ -69,7 +69,7 @@ CLUSTER_INTERLEAVE = 1
 # the partials): one exchange 1.0-3.6 us slower on all seven long-row layer norms (4 x 400,001 float32 14.9 vs
 # 13.9 us); docs/performance.md.
 GRID_ONE_EXCHANGE = 0
-# Inner persistent rows whose scale/shift are constant along the row (instance norm NCHW, group norm): 1 loads
+# Inner persistent rows whose scale/shift are constant along the row (NCHW instance norm: kept-only params): 1 loads
 # them beside x, 0 after the row's statistics (one more dependent round trip before the first store). Not yet
 # timed on a GPU (2026-12-07): tests/gpu_sweep.py --rows 17,0,57 --case codegen.PRELOAD_ROW_PARAMS=0.
 PRELOAD_ROW_PARAMS = 1

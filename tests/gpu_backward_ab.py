@@ -55,9 +55,13 @@ def main(argv=None) -> int:
     from normc import runtime
     from normc.lowering import backward as lbm
 
+    def _mod(n):
+        """(module, attribute) of a --configs name: lowering.NAME in normc.lowering.backward, else backward_plan."""
+        return (lbm, n[len("lowering."):]) if n.startswith("lowering.") else (bpm, n)
+
+    lowered = set()  # kernel-source constants set by some config: part of the kernel cache's key
     versions = runtime.versions
     runtime.versions = lambda: {**versions(), "ab": sorted((n, getattr(lbm, n)) for n in lowered)}
-    lowered = set()
     from normc.bench import (GRAD_TOL, bench_backward_row, copy_bandwidth, load_table, make_grads, make_inputs,
                              parse_rows)
 
@@ -66,19 +70,14 @@ def main(argv=None) -> int:
         cfg = {}
         for part in ([] if text.strip() == "default" else text.split(",")):
             name, _, v = part.strip().partition("=")
-            mod = lbm if name.startswith("lowering.") else bpm
-            if name.startswith("lowering."):
-                lowered.add(name[len("lowering."):])
-            if not hasattr(mod, name.rpartition(".")[2]) or not v.lstrip("-").isdigit():
+            mod, attr = _mod(name)
+            if not hasattr(mod, attr) or not v.lstrip("-").isdigit():
                 ap.error(f"--configs: {part!r} is not NAME=INT for a constant of normc.backward_plan "
                          "(or lowering.NAME for normc.lowering.backward)")
-            cur = getattr(mod, name.rpartition(".")[2])
-            cfg[name] = (v == "1") if isinstance(cur, bool) else int(v)
+            if mod is lbm:
+                lowered.add(attr)
+            cfg[name] = (v == "1") if isinstance(getattr(mod, attr), bool) else int(v)
         configs.append((text.strip(), cfg))
-
-    def _mod(n):
-        return (lbm, n[len("lowering."):]) if n.startswith("lowering.") else (bpm, n)
-
     orig = {n: getattr(*_mod(n)) for _, c in configs for n in c}
     tab = load_table()
     rows = parse_rows(a.rows, len(tab))
