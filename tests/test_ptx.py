@@ -331,6 +331,46 @@ def test_typing_memo_keeps_the_ptx(spec, shape, layout, monkeypatch):
     assert with_memo == without
 
 
+@pytest.mark.parametrize("spec,shape,layout,backward", [
+    ("n (g k) h w : norm over k h w ; scale g k ; shift g k", (8, 320, 64, 64), "n h w (g k)", False),
+    ("t d : rms over d ; scale d", (2, 4000000), None, False),
+    ("n c h w : norm over h w ; scale c ; shift c", (8, 64, 96, 96), "n h w c", True),
+], ids=["mixed-split-group-nhwc", "inner-split-rms", "backward-nhwc-instance"])
+def test_lean_pipeline_keeps_the_ptx(spec, shape, layout, backward, monkeypatch):
+    """normc skips Numba's rewrite passes and SSA reconstruction while it compiles (lowering/__init__.py,
+    ``_LEAN_FLAGS``): the PTX is the same as with them (NORMC_LEAN_PIPELINE=0), kernel for kernel, and the
+    lean flags are really in effect inside the block (and gone after it)."""
+    from numba.cuda import compiler as cuda_compiler
+
+    from normc.api import layout_strides
+    from normc.lowering import _lean_pipeline, lower_backward
+    from normc.runtime.backward import plan_backward
+
+    sp = normc.spec(spec, g=32) if "(g k)" in spec else normc.spec(spec)
+    if backward:
+        strides = layout_strides(sp, shape, layout)
+        plan = plan_backward(sp, shape, "float16", strides=strides, dy_dtype="float16", need_dscale=True,
+                             need_dshift=True, arch="sm_90", sms=132, scale_dtype="float16",
+                             shift_dtype="float16")
+        compile_all = lower_backward
+    else:
+        plan = plan_for(sp, shape, "float16", layout=layout)
+        assert plan.schedule == "split"  # the most kernels (3 and 2) and the longest compiles
+        compile_all = lower
+    lean = [_canonical_ptx(k.ptx) for k in compile_all(plan)]
+    monkeypatch.setenv("NORMC_LEAN_PIPELINE", "0")
+    full = [_canonical_ptx(k.ptx) for k in compile_all(plan)]
+    assert len(lean) == len(full) >= 1
+    assert lean == full
+    monkeypatch.delenv("NORMC_LEAN_PIPELINE")
+    base = cuda_compiler.CUDAFlags
+    with _lean_pipeline():
+        flags = cuda_compiler.CUDAFlags()
+        assert flags.no_rewrites and not flags.enable_ssa
+    assert cuda_compiler.CUDAFlags is base
+    assert not base().no_rewrites and base().enable_ssa
+
+
 def test_typing_memo_respects_compile_flags_and_other_threads():
     """The memo keys on the compile flags: a fastmath compile's overload body is not reused by a later
     compile without fastmath (division stays a division), inside the memo as outside it."""
