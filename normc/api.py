@@ -103,11 +103,14 @@ def plan_for(spec, shape, dtype="float32", *, strides=None, layout=None, out_dty
         raise ArgumentError(f"spec is {type(spec).__name__}; expected a normc.Spec or spec text")
     spec.axis_sizes(shape)  # type, rank and split checks first: ArgumentError naming x
     shape = tuple(int(s) for s in shape)
-    dtype, out_dtype, scale_dtype, shift_dtype = map(dtype_name, (dtype, out_dtype, scale_dtype, shift_dtype))
+    given = {"dtype": dtype, "out_dtype": out_dtype, "scale_dtype": scale_dtype, "shift_dtype": shift_dtype}
+    dtype, out_dtype, scale_dtype, shift_dtype = map(dtype_name, given.values())
     for name, dt, optional in (("dtype", dtype, False), ("out_dtype", out_dtype, True),
                                ("scale_dtype", scale_dtype, True), ("shift_dtype", shift_dtype, True)):
         if not (optional and dt is None) and dt not in DTYPES:
-            raise ArgumentError(f"{name} is {dt!r}; expected one of {', '.join(map(repr, DTYPES))}")
+            raw = given[name]  # as the caller wrote it: 5 (an int) is not the string '5'
+            shown = repr(raw) if isinstance(raw, str) or raw is None else f"{raw!r} ({type(raw).__name__})"
+            raise ArgumentError(f"{name} is {shown}; expected one of {', '.join(map(repr, DTYPES))}")
     for name, dt in (("scale", scale_dtype), ("shift", shift_dtype)):
         if dt is not None and getattr(spec, name) is None:
             raise ArgumentError(f"{name}_dtype is {dt!r} but the spec has no {name} step; expected None "

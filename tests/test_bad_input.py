@@ -388,6 +388,14 @@ def test_numpy_type_codes_name_dtypes():
         normc.plan("t d : norm over d", (2, 8), dtype="f8")
 
 
+def test_plan_names_a_non_string_dtype_with_its_type():
+    # an int is shown as itself with its type, not as the string '5'
+    with pytest.raises(ArgumentError, match=r"^dtype is 5 \(int\); expected one of 'float32'"):
+        normc.plan("t d : norm over d", (2, 8), dtype=5)
+    with pytest.raises(ArgumentError, match=r"^scale_dtype is 2.5 \(float\); expected one of"):
+        normc.plan("t d : norm over d ; scale d", (2, 8), dtype="float32", scale_dtype=2.5)
+
+
 def test_runtime_and_plan_flags_are_bools():
     with pytest.raises(ArgumentError, match="use_tuning"):
         normc.compile(LN, use_tuning="no")
