@@ -266,8 +266,8 @@ def _memoized_call_typing():
 # pruning before typing, array-expression rewrites after it) and SSA reconstruction (``enable_ssa``: it
 # renames a variable assigned in several places, 80 of them in row 54's kernels, each a pass over every
 # block, then strips the phis again). Without SSA, a variable assigned values of two types would be typed as
-# their unification (an int64 and a float32 make a float64), so the generator keeps one type per name, and
-# the check is the PTX: all 426 kernels of the 67 anchor rows (forward, forward with statistics, backward) are
+# their unification (an int64 and a float32 make a float64): the generator keeps one type per name, and a
+# kernel whose lean PTX has float64 in it is compiled again in full (``_compile_ptx``). The check is the PTX: all 426 kernels of the 67 anchor rows (forward, forward with statistics, backward) are
 # the same with and without these passes (tests/test_ptx.py::test_lean_pipeline_keeps_the_ptx checks a
 # sample on every run). Measured on a 2-core CPU (lower() after a warm-up compile, three fresh processes each
 # way, full -> lean): row 54's three kernels (the anchor table's slowest first call) 2.16-2.23 -> 1.69-1.79 s,
@@ -294,8 +294,8 @@ def _lean_pipeline():
 
     Numba-cuda builds each compile's flags from ``numba.cuda.compiler.CUDAFlags``; the block swaps in a
     subclass that sets the lean flags, while holding Numba's compiler lock, so no other thread's compile
-    starts meanwhile and nothing stays swapped afterwards. A no-op where Numba's layout is not the one
-    expected or NORMC_LEAN_PIPELINE=0."""
+    starts meanwhile and nothing stays swapped afterwards. Yields whether it did: a no-op (``False``) where
+    Numba's layout is not the one expected or NORMC_LEAN_PIPELINE=0."""
     try:
         from numba.cuda import compiler as cuda_compiler
         from numba.cuda.core.compiler_lock import global_compiler_lock
@@ -305,27 +305,41 @@ def _lean_pipeline():
     except (ImportError, AttributeError):  # pragma: no cover - another Numba layout: the full pipeline
         ok = False
     if not ok or os.environ.get("NORMC_LEAN_PIPELINE", "1") == "0":
-        yield
+        yield False
         return
 
     with global_compiler_lock:
         cuda_compiler.CUDAFlags = _lean_flags_class(base)
         try:
-            yield
+            yield True
         finally:
             cuda_compiler.CUDAFlags = base
 
 
-def compile_source(ks: KernelSource, cc) -> LoweredKernel:
-    """Compile one generated kernel to PTX for compute capability ``cc``."""
+def _compile_ptx(fn, sig, cc, block):
+    """PTX of the Python function ``fn`` compiled by Numba as a kernel of signature ``sig`` for compute
+    capability ``cc`` and at most ``block`` threads, with the typing memo and the lean pipeline.
+
+    Without SSA a name assigned an integer in one place and a float in another is typed as float64
+    (``_LEAN_FLAGS``). normc's kernels compute in float32 and integers only, so float64 in the PTX means that
+    happened: the kernel is then compiled again with the full pipeline, whose PTX is returned."""
     from numba.cuda import compile_ptx
 
+    kw = dict(cc=cc, fastmath=False, launch_bounds=(block,))
+    with _memoized_call_typing(), _lean_pipeline() as lean:
+        ptx, _ = compile_ptx(fn, sig, **kw)
+    if lean and ".f64" in ptx:
+        with _memoized_call_typing():
+            ptx, _ = compile_ptx(fn, sig, **kw)
+    return ptx
+
+
+def compile_source(ks: KernelSource, cc) -> LoweredKernel:
+    """Compile one generated kernel to PTX for compute capability ``cc``."""
     ns = dict(_device_namespace())
     try:
         exec(compile(ks.source, f"<normc:{ks.name}>", "exec"), ns)
-        with _memoized_call_typing(), _lean_pipeline():
-            ptx, _ = compile_ptx(ns[ks.name], _signature(ks.pointer_types), cc=cc, fastmath=False,
-                                 launch_bounds=(ks.block,))
+        ptx = _compile_ptx(ns[ks.name], _signature(ks.pointer_types), cc, ks.block)
     except Exception as e:  # NVVM/Numba typing errors are bugs in the generator: report with the source
         raise CompileError(f"compiling {ks.name} failed: {e}\n--- source ---\n{ks.source}") from e
     if ".extern" in ptx:

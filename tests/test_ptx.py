@@ -371,6 +371,40 @@ def test_lean_pipeline_keeps_the_ptx(spec, shape, layout, backward, monkeypatch)
     assert not base().no_rewrites and base().enable_ssa
 
 
+def test_lean_pipeline_recompiles_a_float64_kernel_in_full(monkeypatch):
+    """float64 in a lean compile's PTX (a name typed as the unification of an integer and a float, which SSA
+    would have kept apart) makes ``_compile_ptx`` compile the kernel again with the full pipeline; a float32
+    kernel compiles once."""
+    import numba.cuda
+    from numba import types
+
+    from normc.lowering import _compile_ptx
+
+    calls = []
+    real = numba.cuda.compile_ptx
+
+    def counting(*args, **kwargs):
+        from numba.cuda import compiler as cuda_compiler
+
+        calls.append(cuda_compiler.CUDAFlags().enable_ssa)  # False: lean, True: full
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(numba.cuda, "compile_ptx", counting)
+
+    def wide(a):
+        a[1] = a[0] * 0.1  # float64: 0.1 is a Python float
+
+    def narrow(a):
+        a[1] = a[0] * a[2]
+
+    sig = (types.CPointer(types.float32),)
+    assert ".f64" in _compile_ptx(wide, sig, (9, 0), 128)
+    assert calls == [False, True]
+    calls.clear()
+    assert ".f64" not in _compile_ptx(narrow, sig, (9, 0), 128)
+    assert calls == [False]
+
+
 def test_typing_memo_respects_compile_flags_and_other_threads():
     """The memo keys on the compile flags: a fastmath compile's overload body is not reused by a later
     compile without fastmath (division stays a division), inside the memo as outside it."""
