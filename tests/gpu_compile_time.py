@@ -1,7 +1,7 @@
 """Compile-time targets on a GPU machine: the first call of a new specialization, and a new process's first
 call that finds its kernels in the disk cache (issue 3, part 4: <= 2 s and <= 100 ms).
 
-    python tests/gpu_compile_time.py [--rows 0,5,9] [--fresh-processes 0,39,54]
+    python tests/gpu_compile_time.py [--rows 0,5,9] [--fresh-processes 0,39,54] [--profile 59]
 
 Phase 1 (one process, an empty disk cache of its own): for each anchor row, the wall time of its first
 ``normc.compile(spec)(x, scale, shift)`` call until the GPU is done (plan, Numba + NVVM, nvJitLink, load,
@@ -46,17 +46,29 @@ def first_calls(idx):
     return out
 
 
-def _child(argv):
+def _child(argv, profile=False):
     idx = [int(t) for t in argv.split(",")]
+    if profile:  # cProfile of the first call(s): where a disk-cache hit's time goes
+        import cProfile
+        import pstats
+
+        pr = cProfile.Profile()
+        pr.enable()
     for i, t in first_calls(idx).items():
         print(f"ROW {i} {t:.6f}", flush=True)
+    if profile:
+        pr.disable()
+        pstats.Stats(pr, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
 
 
-def _in_new_process(idx, env):
-    code = f"import sys; sys.path.insert(0, {HERE!r}); import gpu_compile_time as g; g._child({','.join(map(str, idx))!r})"
+def _in_new_process(idx, env, profile=False):
+    code = (f"import sys; sys.path.insert(0, {HERE!r}); import gpu_compile_time as g; "
+            f"g._child({','.join(map(str, idx))!r}, {profile})")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     if res.returncode:
         raise RuntimeError(res.stderr[-2000:])
+    if profile:
+        print(res.stderr[res.stderr.find("   Ordered by"):][:6000])
     return {int(a): float(b) for _, a, b in (ln.split() for ln in res.stdout.splitlines() if ln.startswith("ROW "))}
 
 
@@ -65,6 +77,8 @@ def main(argv=None):
     ap.add_argument("--rows", help="anchor rows, e.g. 0,5,9 (default: all)")
     ap.add_argument("--fresh-processes", default="0,1,39,43,46,54,59,66",
                     help="rows timed each in a new process (disk-cache hit)")
+    ap.add_argument("--profile", default="", help="rows whose disk-cache-hit first call, each in a new process, "
+                    "is profiled (cProfile, top 30 by cumulative time)")
     a = ap.parse_args(argv)
     cache = tempfile.mkdtemp(prefix="normc-compile-time-")
     os.environ["NORMC_CACHE_DIR"] = cache
@@ -88,6 +102,9 @@ def main(argv=None):
         one.update(_in_new_process([i], env))
     print("phase 2 (new process, disk cache hit), first call of the process: "
           + " ".join(f"row {i} {one[i] * 1e3:.1f} ms" for i in fresh))
+    for i in (int(t) for t in a.profile.split(",") if t):
+        print(f"profile of row {i}'s first call in a new process (disk-cache hit):")
+        _in_new_process([i], env, profile=True)
     hits = _in_new_process(idx, env)
     later = [hits[i] for i in idx[1:]]
     print(f"phase 2, one new process over all rows: first row {hits[idx[0]] * 1e3:.1f} ms; the others median "
