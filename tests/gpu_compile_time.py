@@ -24,8 +24,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))  # tests/, where gpu_anchors.py lives
 
 
-def first_calls(idx):
-    """{row: seconds of its first call} for the anchor rows ``idx``, in this process."""
+def first_calls(idx, profiler=None):
+    """{row: seconds of its first call} for the anchor rows ``idx``, in this process; ``profiler`` (a
+    cProfile.Profile) is enabled around the timed calls only."""
     import torch
 
     import normc
@@ -38,26 +39,27 @@ def first_calls(idx):
     for i in idx:
         s, x, sc, sh = make_inputs(rows[i], seed=i)
         torch.cuda.synchronize()
+        if profiler is not None:
+            profiler.enable()
         t0 = time.perf_counter()
         normc.compile(s)(x, sc, sh)
         torch.cuda.synchronize()
         out[i] = time.perf_counter() - t0
+        if profiler is not None:
+            profiler.disable()
         del x, sc, sh
     return out
 
 
 def _child(argv, profile=False):
-    idx = [int(t) for t in argv.split(",")]
-    if profile:  # cProfile of the first call(s): where a disk-cache hit's time goes
-        import cProfile
-        import pstats
+    import cProfile
+    import pstats
 
-        pr = cProfile.Profile()
-        pr.enable()
-    for i, t in first_calls(idx).items():
+    idx = [int(t) for t in argv.split(",")]
+    pr = cProfile.Profile() if profile else None  # the timed first call(s): where a disk-cache hit's time goes
+    for i, t in first_calls(idx, pr).items():
         print(f"ROW {i} {t:.6f}", flush=True)
-    if profile:
-        pr.disable()
+    if pr is not None:
         pstats.Stats(pr, stream=sys.stderr).sort_stats("cumulative").print_stats(30)
 
 
