@@ -70,9 +70,21 @@ CLUSTER_INTERLEAVE = 1
 # 13.9 us); docs/performance.md.
 GRID_ONE_EXCHANGE = 0
 # Inner persistent rows whose scale/shift are constant along the row (NCHW instance norm: kept-only params): 1 loads
-# them beside x, 0 after the row's statistics (one more dependent round trip before the first store). Not yet
-# timed on a GPU (2026-12-07): tests/gpu_sweep.py --rows 17,0,57 --case codegen.PRELOAD_ROW_PARAMS=0.
+# them beside x, 0 after the row's statistics (one more dependent round trip before the first store). H100,
+# 2026-12-07 (tests/gpu_sweep.py --case codegen.PRELOAD_ROW_PARAMS=0), 1 / 0: row 17 1.8 / 2.1 us, row 8
+# 14.2 / 14.7, row 14 27.4 / 27.8, rows 0, 2 and 63 within 0.2 us.
 PRELOAD_ROW_PARAMS = 1
+# Outer/mixed kernels: 1 writes a column loop over a tile of no more columns than the CTA has threads as
+# ``if tid < T:`` (lc = tid) instead of ``for lc in range(tid, T, threads):``. NVVM does not see that the loop
+# runs at most once and unrolls it with remainder checks: for NHWC group norm (8, 640, 32, 32) float16 the
+# PTX goes from 2,876 to 2,296 instructions and ptxas from 126 to 114 registers. 0 until timed on a GPU:
+# tests/gpu_sweep.py --rows 56,58,54,1,3 --case codegen.COLUMN_IF=1.
+COLUMN_IF = 0
+# Mixed kernels whose group size G is not a multiple of the vector width V (V <= G): 1 loads two pivots per
+# thread (the groups of its first and last column) and picks one per column, where 0 computes each column's
+# group and loads its pivot (V loads, each after a 64-bit division and remainder by G): row 56's PTX 2,876
+# -> 2,697 instructions. 0 until timed: tests/gpu_sweep.py --rows 56,58,54 --case codegen.MIXED_TWO_PIVOTS=1.
+MIXED_TWO_PIVOTS = 0
 # Threads per SM the outer/mixed persistent kernels are compiled to keep resident (launch bounds, kept when
 # ptxas spills at most PERSISTENT_MAX_SPILL bytes); 0: registers uncapped. Measured on the H200
 # (tests/gpu_sweep.py, 2026-12-02) with 768 and a 512-byte spill allowance: NHWC instance norm (256, 128, 28,
@@ -1548,9 +1560,19 @@ class _Outer(_Kernel):
     def rows_vary_params(self):
         return any(a.scale or a.shift for a in self.rowax)
 
+    def columns(self, T):
+        """Header of a block run by thread ``lc`` for column lc of the tile's ``T`` columns: a loop over lc =
+        tid, tid + threads, ... or, with :data:`COLUMN_IF` and ``T <= threads``, ``if tid < T:`` (``lc = tid``
+        is set by :meth:`setup`)."""
+        if COLUMN_IF and T <= self.p.threads:
+            return f"if tid < {T}:"
+        return f"for lc in range(tid, {T}, {self.p.threads}):"
+
     def setup(self, g, name, splits=None, reverse_grid=0):
         p = self.p
         self.prologue(g, name, reverse_grid)
+        if COLUMN_IF:
+            g("lc = tid  # the column of the blocks under columns()")
         g(f"cx = tid % {p.nxc}")
         g(f"ry = tid // {p.nxc}")
         # Conditions known at generation time are emitted as the literal True (no branch in the kernel:
@@ -1650,6 +1672,17 @@ class _Outer(_Kernel):
             g(f"pv0 = ld1_{self.xt}(xp, xb + {co['x']})")
             for j in range(1, V):
                 g(f"pv{j} = pv0")
+        elif self.p.strategy == "mixed" and MIXED_TWO_PIVOTS and V <= self.G:
+            # V <= G columns span at most two groups: the pivots of the first and the last column's groups
+            G = self.G
+            g(f"glo = colc // {G}")
+            g(f"ghi = (colc + {V - 1}) // {G}")
+            for name, gi in (("pvlo", "glo"), ("pvhi", "ghi")):
+                off = _offset([gi, "0"], self.block, "x") if len(self.block) == 2 else f"{gi} * {G}"
+                g(f"{name} = ld1_{self.xt}(xp, xb + {off})")
+            g(f"kf = colc - glo * {G}")  # the first column's place in its group
+            for j in range(V):
+                g(f"pv{j} = pvlo if kf + {j} < {G} else pvhi")
         elif self.p.strategy == "mixed":
             for j in range(V):
                 gs = g.new("gs")
@@ -1754,7 +1787,7 @@ class _Outer(_Kernel):
                 g("sGa[gi] = ra" if self.scaled and p.stat == "norm" else "sGa[gi] = rstd")
                 g("sGb[gi] = mean")
             g("cuda.syncthreads()")
-            g(f"for lc in range(tid, {T}, {p.threads}):")
+            g(self.columns(T))
             g.ind += 1
             g(f"a = sGa[lc // {self.G}]")
             g(f"c = sGb[lc // {self.G}]")
@@ -1883,7 +1916,7 @@ class _Outer(_Kernel):
         tgt = f"sP{rnd}" if C > 1 else dst
         if C > 1:
             self.smem(g, tgt, T)
-        with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
+        with g.block(self.columns(T)):
             g(f"tot = sR{rnd}[lc]")
             with g.block(f"for k in range(1, {RY}):"):
                 g(f"tot = tot + sR{rnd}[k * {T} + lc]")
@@ -1891,7 +1924,7 @@ class _Outer(_Kernel):
         if C > 1:
             g("cluster_arrive()")
             g("cluster_wait()")
-            with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
+            with g.block(self.columns(T)):
                 g(f"tot = dsmem_ld({tgt}, lc, 0)")
                 with g.block(f"for k in range(1, {C}):"):
                     g(f"tot = tot + dsmem_ld({tgt}, lc, k)")
@@ -1900,8 +1933,8 @@ class _Outer(_Kernel):
 
     def group_total(self, g, src, dst):
         """Mixed strategy: ``dst[lc]`` = sum of ``src`` over the columns of lc's group (whole groups per tile)."""
-        p, T, G = self.p, self.p.tile, self.G
-        with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
+        T, G = self.p.tile, self.G
+        with g.block(self.columns(T)):
             g(f"g0 = (lc // {G}) * {G}")
             g(f"tot = {src}[g0]")
             with g.block(f"for k in range(1, {G}):"):
@@ -1943,7 +1976,7 @@ class _Outer(_Kernel):
             else:
                 src = "sSum"
             self.smem(g, "sMu", T)
-            with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
+            with g.block(self.columns(T)):
                 g(f"sMu[lc] = {src}[lc] / F32({cnt!r})")
             g("cuda.syncthreads()")
             for j in range(V):
@@ -1976,7 +2009,7 @@ class _Outer(_Kernel):
         self.smem(g, "sA", T)
         self.smem(g, "sB", T)
         self.smem(g, "sC", T)
-        with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
+        with g.block(self.columns(T)):
             if self.scaled:
                 # sMu holds the mean of x * scl - pv * scl; the registers stay shifted, so mean stays scaled
                 g("mean = sMu[lc]" if p.stat == "norm" else "mean = F32(0.0)")
@@ -2112,7 +2145,7 @@ class _Outer(_Kernel):
         self.setup(g, "normc_outer")
         self.emit_rows_accumulate(g)
         self.emit_cta_combine(g)
-        g(f"for lc in range(tid, {p.tile}, {p.threads}):")
+        g(self.columns(p.tile))
         g.ind += 1
         self.merge_column(g, "lc")
         self.emit_stats_and_affine(g)
@@ -2128,7 +2161,7 @@ class _Outer(_Kernel):
         # workspace: three planes (count, mean, M2) of P floats, indexed ((tile, split), column): consecutive
         # threads write consecutive columns
         P = self.KO * self.NT * T * S
-        with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
+        with g.block(self.columns(T)):
             self.merge_column(g, "lc")
             g(f"wi = (t2 * {S} + sp_) * {T} + lc")
             g("st1_f32(wp, wi, n)")
@@ -2175,11 +2208,11 @@ class _Outer(_Kernel):
                         g(f"wq{j} = wq{j} + {pq[j]}")
                 g("cnt = nn")
         self.emit_cta_combine(g)
-        g(f"for lc in range(tid, {T}, {p.threads}):")
+        g(self.columns(T))
         g.ind += 1
         self.merge_column(g, "lc")
         self.emit_stats_and_affine(g)
-        with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
+        with g.block(self.columns(T)):
             g(f"st1_f32(wp, {ab} + (t2 * {T} + lc) * 3, sA[lc])")
             g(f"st1_f32(wp, {ab} + (t2 * {T} + lc) * 3 + 1, sB[lc])")
             g(f"st1_f32(wp, {ab} + (t2 * {T} + lc) * 3 + 2, sC[lc])")
@@ -2195,7 +2228,7 @@ class _Outer(_Kernel):
         self.smem(g, "sA", T)
         self.smem(g, "sB", T)
         self.smem(g, "sC", T)
-        with g.block(f"for lc in range(tid, {T}, {p.threads}):"):
+        with g.block(self.columns(T)):
             g(f"sA[lc] = ld1_f32(wp, {ab} + (t2 * {T} + lc) * 3)")
             g(f"sB[lc] = ld1_f32(wp, {ab} + (t2 * {T} + lc) * 3 + 1)")
             g(f"sC[lc] = ld1_f32(wp, {ab} + (t2 * {T} + lc) * 3 + 2)")
