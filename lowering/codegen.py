@@ -1678,7 +1678,8 @@ class _Outer(_Kernel):
             g(f"glo = colc // {G}")
             g(f"ghi = (colc + {V - 1}) // {G}")
             for name, gi in (("pvlo", "glo"), ("pvhi", "ghi")):
-                off = _offset([gi, "0"], self.block, "x") if len(self.block) == 2 else f"{gi} * {G}"
+                cs = [gi, "0"] if len(self.block) == 2 else [f"{gi} * {G}"]  # (group, k) or the column
+                off = _offset(cs, self.block, "x")
                 g(f"{name} = ld1_{self.xt}(xp, xb + {off})")
             g(f"kf = colc - glo * {G}")  # the first column's place in its group
             for j in range(V):

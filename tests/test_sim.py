@@ -387,25 +387,26 @@ def test_mixed_group_norm_nhwc_bf16():
     run_case(_spec(GN, g=2), make_x((2, 6, 4, 4), "bfloat16", perm=NHWC), expect=("mixed", "persistent"))
 
 
-@pytest.mark.parametrize("text, shape, dtype, sizes, schedule", [
-    (GN, (2, 12, 4, 4), "float32", {"g": 2}, None),
-    (GN, (2, 12, 4, 4), "float32", {"g": 2}, "looped"),
-    (GN, (2, 12, 4, 4), "float32", {"g": 2}, "split"),
-    (GN, (2, 24, 3, 3), "float16", {"g": 2}, None),
-    (IN2, (2, 3, 5, 6), "float32", {}, None),
-    (IN2, (2, 3, 5, 6), "float32", {}, "split"),
-], ids=["mixed-persistent", "mixed-looped", "mixed-split", "mixed-f16", "outer-persistent", "outer-split"])
-def test_outer_column_if_and_mixed_two_pivots(text, shape, dtype, sizes, schedule, monkeypatch):
+@pytest.mark.parametrize("text, shape, dtype, sizes, perm, schedule, strategy", [
+    (GN, (2, 12, 4, 4), "float32", {"g": 2}, NHWC, None, "mixed"),
+    (GN, (2, 12, 4, 4), "float32", {"g": 2}, NHWC, "looped", "mixed"),
+    (GN, (2, 12, 4, 4), "float32", {"g": 2}, NHWC, "split", "mixed"),
+    (GN, (2, 24, 3, 3), "float16", {"g": 2}, NHWC, None, "mixed"),
+    (BN, (2, 6, 1, 5), "float32", {}, None, None, "mixed"),
+    (IN2, (2, 3, 5, 6), "float32", {}, NHWC, None, "outer"),
+    (IN2, (2, 3, 5, 6), "float32", {}, NHWC, "split", "outer"),
+], ids=["mixed-persistent", "mixed-looped", "mixed-split", "mixed-f16", "mixed-nchw-batch-stats", "outer-persistent",
+        "outer-split"])
+def test_outer_column_if_and_mixed_two_pivots(text, shape, dtype, sizes, perm, schedule, strategy, monkeypatch):
     """codegen.COLUMN_IF (column loops as ``if tid < T``) and codegen.MIXED_TWO_PIVOTS (two pivot loads per
-    thread where a vector's columns straddle two groups: group sizes 6 and 12 against 4- and 8-wide
-    vectors) keep y and the statistics equal to float64's, and are really in the kernels."""
+    thread where a vector's columns straddle two groups: groups of 6, 12 and 5 columns against vectors of 4, 8
+    and 2) keep y and the statistics equal to float64's, and are really in the kernels."""
     from normc.lowering import codegen, generate
 
     monkeypatch.setattr(codegen, "COLUMN_IF", 1)
     monkeypatch.setattr(codegen, "MIXED_TWO_PIVOTS", 1)
-    x = make_x(shape, dtype, perm=NHWC, loc=2.0)
-    strategy = "mixed" if sizes else "outer"
-    want = ("persistent" if schedule is None else schedule)
+    x = make_x(shape, dtype, perm=perm, loc=2.0)
+    want = "persistent" if schedule is None else schedule
     _, _, _, plan = run_case(_spec(text, **sizes), x, schedule=schedule, expect=(strategy, want))
     src = "\n".join(k.source for k in generate(plan))
     assert "if tid < " in src and "for lc in range" not in src
