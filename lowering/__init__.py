@@ -372,12 +372,24 @@ def check_16bit_target(plan, cc):
                            f"sm_{cc[0]}{cc[1]}: use float32 tensors there")
 
 
+def _check_plan(plan, cls, expected):
+    """ArgumentError naming ``plan`` unless it is a ``cls``."""
+    if not isinstance(plan, cls):
+        from ..errors import ArgumentError
+
+        raise ArgumentError(f"plan is a {type(plan).__name__}; expected {expected}")
+
+
 def lower(plan, arch=None) -> list:
     """Compile ``plan`` to a list of :class:`LoweredKernel` (launch order) for ``arch`` (default plan.arch).
 
     Raises:
+        ArgumentError: ``plan`` is not a :class:`normc.Plan`.
         CompileError: Numba or NVVM failed, or a 16-bit plan targets an arch older than :data:`MIN_CC_16BIT`.
     """
+    from ..planner import Plan
+
+    _check_plan(plan, Plan, "a normc.Plan (from normc.plan(...))")
     cc = arch_cc(arch or plan.arch)
     check_16bit_target(plan, cc)
     return [compile_source(ks, cc) for ks in generate(plan)]
@@ -385,8 +397,16 @@ def lower(plan, arch=None) -> list:
 
 def lower_backward(bplan, arch=None) -> list:
     """Compile a :class:`normc.backward_plan.BackwardPlan` to :class:`LoweredKernel` s (launch order; each takes
-    the nine pointers of :mod:`normc.lowering.backward`) for ``arch`` (default ``bplan.arch``)."""
+    the nine pointers of :mod:`normc.lowering.backward`) for ``arch`` (default ``bplan.arch``).
+
+    Raises:
+        ArgumentError: ``bplan`` is not a BackwardPlan.
+        CompileError: as :func:`lower`.
+    """
+    from ..backward_plan import BackwardPlan
     from .backward import generate_backward
+
+    _check_plan(bplan, BackwardPlan, "a normc.backward_plan.BackwardPlan")
 
     cc = arch_cc(arch or bplan.arch)
     check_16bit_target(bplan, cc)

@@ -306,7 +306,8 @@ class Compiled:
     Constructor arguments: ``spec`` (a :class:`normc.Spec` or its text), ``out_dtype`` (default: x's),
     ``arch`` (override the device's compute capability: ``"sm_90"``, ``"compute_90"``, ``"90"``, ``90`` or
     ``(9, 0)``; checked here by :func:`normc.lowering.arch_cc`, an ArgumentError naming arch; the simulator checks
-    it but does not use it: numpy input runs the sm_90 plan for 4 SMs whatever ``arch`` says), ``schedule`` (force
+    it but does not use it: numpy input runs the sm_90 plan for 4 SMs whatever ``arch`` says, except that a
+    float16/bfloat16 call on an arch older than sm_80 is a CompileError there too, as on a GPU), ``schedule`` (force
     ``"persistent"``, ``"staged"``, ``"looped"``, ``"split"``, ``"coop"``, ``"cluster"`` or ``"grid"`` where the problem admits
     it, for tests and tuning; default: the planner's choice), ``use_tuning`` (True: take a schedule
     :func:`normc.autotune` stored for the problem, where there is one). A Compiled pickles and deep-copies as its
@@ -567,6 +568,10 @@ class Compiled:
 
             # small grids (sms=4): the simulator runs blocks one by one
             plan = make_plan(prob, arch="sm_90", sms=4, schedule=self._schedule_for(prob, "sm_90", 4))
+            if self.arch is not None:  # refused here as on a GPU: 16-bit kernels need sm_80 or newer
+                from ..lowering import arch_cc, check_16bit_target
+
+                check_16bit_target(plan, arch_cc(self.arch))
             kernels = [load(ks) for ks in generate(plan)]
             return _Entry(plan, kernels, xi.shape, out_strides, out_dtype, stat_shape, True, prob)
         from . import gpu

@@ -170,6 +170,10 @@ def _build(compiled, gi, xi, si, need_dscale, need_dshift):
 
         plan = make_backward_plan(prob, dy_dtype=gi.dtype, dy_align=dy_align, need_dscale=need_dscale,
                                   need_dshift=need_dshift, arch="sm_90", sms=4, schedule=compiled.schedule)
+        if compiled.arch is not None:  # refused here as on a GPU: 16-bit kernels need sm_80 or newer
+            from ..lowering import arch_cc, check_16bit_target
+
+            check_16bit_target(plan, arch_cc(compiled.arch))
         kernels = [load(ks) for ks in generate_backward(plan)]
         return _BEntry(plan, kernels, dx_strides, dscale_shape, dshift_shape, True)
     from . import gpu

@@ -555,3 +555,26 @@ def test_normc_torch_without_torch_says_what_to_install():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.stdout.startswith("torch | normc.torch needs PyTorch, which is not installed: pip install torch"), (
         res.stdout + res.stderr)
+
+
+def test_simulator_refuses_16bit_on_an_old_arch_as_a_gpu_would():
+    # arch is not used on the simulator, but a float16 call for sm_75 is refused there as on a GPU
+    from normc.errors import CompileError
+
+    x = np.ones((2, 8), np.float16)
+    f = normc.compile("t d : norm over d ; scale d", arch="sm_75")
+    with pytest.raises(CompileError, match=r"compute capability 8\.0 or newer.*sm_75"):
+        f(x, np.ones(8, np.float16))
+    with pytest.raises(CompileError, match="sm_75"):
+        f.backward(x, x, np.zeros(2, np.float32), np.ones(2, np.float32), np.ones(8, np.float16))
+    y = normc.compile("t d : norm over d", arch="sm_75")(x.astype(np.float32))  # float32 runs there
+    assert np.allclose(y, 0.0)
+
+
+def test_lower_names_a_wrong_plan():
+    from normc.lowering import lower, lower_backward
+
+    with pytest.raises(ArgumentError, match="^plan is a str; expected a normc.Plan"):
+        lower("t d : norm over d")
+    with pytest.raises(ArgumentError, match="^plan is a Plan; expected a normc.backward_plan.BackwardPlan"):
+        lower_backward(normc.plan("t d : norm over d", (2, 8)))
