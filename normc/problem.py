@@ -33,7 +33,7 @@ def dtype_name(dt):
 
             try:
                 name = np.dtype(dt.strip()).name
-            except TypeError:
+            except Exception:  # TypeError, or ValueError/SyntaxError from numpy's parse of "0:", "01"...
                 name = None
         return name if name in DTYPES else dt
     name = getattr(dt, "name", None)  # numpy dtypes
@@ -42,7 +42,7 @@ def dtype_name(dt):
 
         try:
             name = np.dtype(dt).name  # numpy scalar types, ml_dtypes.bfloat16
-        except TypeError:
+        except Exception:  # not a dtype numpy knows
             name = None
     return name if isinstance(name, str) else str(dt).replace("torch.", "")
 # Element offsets are int64 in the kernels; keep products of extents and strides clear of overflow.

@@ -7,6 +7,7 @@ NormcError. No kernel runs here: launches are intercepted, so these tests are fa
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import numpy as np
@@ -386,6 +387,10 @@ def test_numpy_type_codes_name_dtypes():
     assert normc.plan("t d : norm over d", (2, 8), dtype="f4").x_dtype == "float32"
     with pytest.raises(ArgumentError, match="dtype is 'f8'; expected one of"):
         normc.plan("t d : norm over d", (2, 8), dtype="f8")
+    # strings numpy's dtype parser fails on with ValueError or SyntaxError (found by the fuzz test below)
+    for junk in ("0:", "01", "f4,", "(2)f4x"):
+        with pytest.raises(ArgumentError, match=re.escape(f"dtype is {junk!r}; expected one of")):
+            normc.plan("t d : norm over d", (2, 8), dtype=junk)
 
 
 def test_plan_names_a_non_string_dtype_with_its_type():
