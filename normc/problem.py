@@ -22,8 +22,8 @@ DTYPE_ALIASES = {
 def dtype_name(dt):
     """The name normc uses for a dtype given as a string (a name or an alias of :data:`DTYPE_ALIASES`, e.g.
     ``"bf16"``, or a numpy type code such as ``"f4"``, ``"<f2"``), a numpy dtype or scalar type
-    (``np.float16``, ``np.dtype("float16")``, ``ml_dtypes.bfloat16``) or a torch dtype (``torch.float16``); ``None`` stays ``None``. Anything else comes back as its ``str`` so
-    that the caller's check names it."""
+    (``np.float16``, ``np.dtype("float16")``, ``ml_dtypes.bfloat16``) or a torch dtype (``torch.float16``);
+    ``None`` stays ``None``. Anything else comes back as its ``str`` so that the caller's check names it."""
     if dt is None:
         return dt
     if isinstance(dt, str):

@@ -269,6 +269,15 @@ def _is_jax(obj) -> bool:
     return type(obj).__module__.split(".", 1)[0] in ("jax", "jaxlib")
 
 
+def check_sim_arch(plan, arch):
+    """On the simulator, where ``arch`` picks no PTX: raise the CompileError a GPU would for a 16-bit ``plan``
+    (forward or backward) and an ``arch`` older than sm_80 (:func:`normc.lowering.check_16bit_target`)."""
+    if arch is not None:
+        from ..lowering import arch_cc, check_16bit_target
+
+        check_16bit_target(plan, arch_cc(arch))
+
+
 class Compiled:
     """A normalization compiled from a spec; call it on arrays.
 
@@ -568,10 +577,7 @@ class Compiled:
 
             # small grids (sms=4): the simulator runs blocks one by one
             plan = make_plan(prob, arch="sm_90", sms=4, schedule=self._schedule_for(prob, "sm_90", 4))
-            if self.arch is not None:  # refused here as on a GPU: 16-bit kernels need sm_80 or newer
-                from ..lowering import arch_cc, check_16bit_target
-
-                check_16bit_target(plan, arch_cc(self.arch))
+            check_sim_arch(plan, self.arch)
             kernels = [load(ks) for ks in generate(plan)]
             return _Entry(plan, kernels, xi.shape, out_strides, out_dtype, stat_shape, True, prob)
         from . import gpu

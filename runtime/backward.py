@@ -146,6 +146,7 @@ def plan_backward(spec, shape, dtype="float32", *, strides=None, layout=None, dy
 def _build(compiled, gi, xi, si, need_dscale, need_dshift):
     from ..backward_plan import make_backward_plan
     from ..lowering.backward import generate_backward
+    from . import check_sim_arch
 
     spec = compiled.spec
     sizes = spec.axis_sizes(xi.shape)
@@ -170,10 +171,7 @@ def _build(compiled, gi, xi, si, need_dscale, need_dshift):
 
         plan = make_backward_plan(prob, dy_dtype=gi.dtype, dy_align=dy_align, need_dscale=need_dscale,
                                   need_dshift=need_dshift, arch="sm_90", sms=4, schedule=compiled.schedule)
-        if compiled.arch is not None:  # refused here as on a GPU: 16-bit kernels need sm_80 or newer
-            from ..lowering import arch_cc, check_16bit_target
-
-            check_16bit_target(plan, arch_cc(compiled.arch))
+        check_sim_arch(plan, compiled.arch)
         kernels = [load(ks) for ks in generate_backward(plan)]
         return _BEntry(plan, kernels, dx_strides, dscale_shape, dshift_shape, True)
     from . import gpu
