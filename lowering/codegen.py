@@ -77,14 +77,16 @@ PRELOAD_ROW_PARAMS = 1
 # Outer/mixed kernels: 1 writes a column loop over a tile of no more columns than the CTA has threads as
 # ``if tid < T:`` (lc = tid) instead of ``for lc in range(tid, T, threads):``. NVVM does not see that the loop
 # runs at most once and unrolls it with remainder checks: for NHWC group norm (8, 640, 32, 32) float16 the
-# PTX goes from 2,876 to 2,296 instructions and ptxas from 126 to 114 registers. 0 until timed on a GPU:
-# tests/gpu_sweep.py --rows 56,58,54,1,3 --case codegen.COLUMN_IF=1.
-COLUMN_IF = 0
+# PTX goes from 2,876 to 2,296 instructions and ptxas from 126 to 114 registers. H100, 2026-12-07
+# (tests/gpu_sweep.py --rows 56,58,54,1,3,16,5,11,66 --case codegen.COLUMN_IF=1), 1 / 0 in us: row 56 26.9 /
+# 27.8, row 1 89.5 / 92.9, row 16 3.2 / 3.5, row 58 10.7 / 11.1; rows 3, 5, 11 and 66 within 0.4 us.
+COLUMN_IF = 1
 # Mixed kernels whose group size G is not a multiple of the vector width V (V <= G): 1 loads two pivots per
 # thread (the groups of its first and last column) and picks one per column, where 0 computes each column's
 # group and loads its pivot (V loads, each after a 64-bit division and remainder by G): row 56's PTX 2,876
-# -> 2,697 instructions. 0 until timed: tests/gpu_sweep.py --rows 56,58,54 --case codegen.MIXED_TWO_PIVOTS=1.
-MIXED_TWO_PIVOTS = 0
+# -> 2,697 instructions. H100, 2026-12-07, same sweep, 1 / 0 in us: row 56 26.0 / 27.8 (24.9 with COLUMN_IF),
+# row 54 34.2 / 36.3 (34.0 with both); rows 58 and 1 within 0.4 us.
+MIXED_TWO_PIVOTS = 1
 # Threads per SM the outer/mixed persistent kernels are compiled to keep resident (launch bounds, kept when
 # ptxas spills at most PERSISTENT_MAX_SPILL bytes); 0: registers uncapped. Measured on the H200
 # (tests/gpu_sweep.py, 2026-12-02) with 768 and a 512-byte spill allowance: NHWC instance norm (256, 128, 28,

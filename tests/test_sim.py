@@ -397,22 +397,25 @@ def test_mixed_group_norm_nhwc_bf16():
     (IN2, (2, 3, 5, 6), "float32", {}, NHWC, "split", "outer"),
 ], ids=["mixed-persistent", "mixed-looped", "mixed-split", "mixed-f16", "mixed-nchw-batch-stats", "outer-persistent",
         "outer-split"])
-def test_outer_column_if_and_mixed_two_pivots(text, shape, dtype, sizes, perm, schedule, strategy, monkeypatch):
+@pytest.mark.parametrize("flags", [1, 0], ids=["default", "old-loops"])
+def test_outer_column_if_and_mixed_two_pivots(text, shape, dtype, sizes, perm, schedule, strategy, flags,
+                                              monkeypatch):
     """codegen.COLUMN_IF (column loops as ``if tid < T``) and codegen.MIXED_TWO_PIVOTS (two pivot loads per
     thread where a vector's columns straddle two groups: groups of 6, 12 and 5 columns against vectors of 4, 8
-    and 2) keep y and the statistics equal to float64's, and are really in the kernels."""
+    and 2), the defaults since 2026-12-07, and the loops they replaced (both 0) keep y and the statistics equal
+    to float64's, and each form is really in the kernels."""
     from normc.lowering import codegen, generate
 
-    monkeypatch.setattr(codegen, "COLUMN_IF", 1)
-    monkeypatch.setattr(codegen, "MIXED_TWO_PIVOTS", 1)
+    monkeypatch.setattr(codegen, "COLUMN_IF", flags)
+    monkeypatch.setattr(codegen, "MIXED_TWO_PIVOTS", flags)
     x = make_x(shape, dtype, perm=perm, loc=2.0)
     want = "persistent" if schedule is None else schedule
     _, _, _, plan = run_case(_spec(text, **sizes), x, schedule=schedule, expect=(strategy, want))
     src = "\n".join(k.source for k in generate(plan))
-    assert "if tid < " in src and "for lc in range" not in src
+    assert ("if tid < " in src) == bool(flags) and ("for lc in range" in src) == (not flags)
     if strategy == "mixed":
         assert plan.group % plan.vec != 0 and plan.vec <= plan.group
-        assert "pvlo" in src and "pvhi" in src
+        assert ("pvlo" in src and "pvhi" in src) == bool(flags)
 
 
 # ----------------------------------------------------------------------------------------------------
