@@ -91,7 +91,9 @@ MIXED_TWO_PIVOTS = 1
 # ptxas spills at most PERSISTENT_MAX_SPILL bytes); 0: registers uncapped. Measured on the H200
 # (tests/gpu_sweep.py, 2026-12-02) with 768 and a 512-byte spill allowance: NHWC instance norm (256, 128, 28,
 # 28) float32 76.4 -> 73.0 us, but NHWC group norm (8, 640, 32, 32) float16 27.0 -> 29.1 and (8, 1280, 16,
-# 16) 10.2 -> 13.1 (their spills): left off.
+# 16) 10.2 -> 13.1 (their spills): left off. Again on an H100 (2026-12-07) with the 64-byte allowance, which
+# keeps row 1's bound (36 bytes) and should drop the group norm rows' (172-260 bytes): row 1 89.9 -> 90.1 and
+# 90.9 -> 90.5 us (no gain), docs/performance.md.
 OUTER_PERSISTENT_SM_THREADS = 0
 # Staged kernel (inner, short rows): threads per SM its launch bound asks for (0: no bound). Unbounded it
 # takes 64-80 registers per thread on float32 rows of 10-16 values (3 CTAs of 256 per SM); bounded, at most 64
