@@ -95,12 +95,6 @@ MIXED_TWO_PIVOTS = 1
 # keeps row 1's bound (36 bytes) and should drop the group norm rows' (172-260 bytes): row 1 89.9 -> 90.1 and
 # 90.9 -> 90.5 us (no gain), docs/performance.md.
 OUTER_PERSISTENT_SM_THREADS = 0
-# Outer/mixed looped kernel: 0 launches one CTA per column tile; k > 0 launches at most k x SMs CTAs, each
-# looping over the tiles bid, bid + grid, ... so that at most that many tiles are between their first read and
-# their re-read. With one CTA per tile every tile is resident at once where registers allow (up to 4 CTAs of
-# 256 per SM under the streaming launch bound): NHWC instance norm (256, 128, 28, 28) float16 then has all 51 MB
-# of x in flight, and Nsight Compute on an H100 (50 MB L2) read 85 MB from DRAM for it. 0 until timed.
-OUTER_LOOPED_TILE_GRID = 0
 # Staged kernel (inner, short rows): threads per SM its launch bound asks for (0: no bound). Unbounded it
 # takes 64-80 registers per thread on float32 rows of 10-16 values (3 CTAs of 256 per SM); bounded, at most 64
 # (4 CTAs per SM; ptxas, sm_90: 10M x 10 spills nothing, rows of 16 values up to 16 bytes). Measured on the H200
@@ -1578,10 +1572,7 @@ class _Outer(_Kernel):
             return f"if tid < {T}:"
         return f"for lc in range(tid, {T}, {self.p.threads}):"
 
-    def setup(self, g, name, splits=None, reverse_grid=0, tile_grid=0):
-        """Prologue and per-CTA setup. ``tile_grid`` > 0 (one split only): the kernel runs on that many CTAs,
-        each looping over the column tiles ``bid``, ``bid + tile_grid``, ...: everything emitted after this
-        is the loop's body."""
+    def setup(self, g, name, splits=None, reverse_grid=0):
         p = self.p
         self.prologue(g, name, reverse_grid)
         if COLUMN_IF:
@@ -1598,15 +1589,8 @@ class _Outer(_Kernel):
         self.static_cok = p.threads == p.nxc * p.ry and self.CB % p.tile == 0
         RS_ = -(-self.RR // S)
         self.min_rows = self.RR - (S - 1) * RS_  # rows of the last (smallest) slice
-        if tile_grid:
-            assert S == 1, S
-            g(f"for t2 in range(bid, {self.KO * self.NT}, {tile_grid}):")
-            g.ind += 1  # the loop body runs to the end of the kernel
-            g("cuda.syncthreads()  # the previous tile's shared-memory reads are done")
-            g("sp_ = 0")
-        else:
-            g(f"sp_ = bid % {S}")
-            g(f"t2 = bid // {S}")
+        g(f"sp_ = bid % {S}")
+        g(f"t2 = bid // {S}")
         g(f"tile = t2 % {self.NT}")
         g(f"ko = t2 // {self.NT}")
         cs = _coords(g, "ko", self.kout, "k")
@@ -2163,9 +2147,7 @@ class _Outer(_Kernel):
         y-threads combined per column), then a second loop that re-reads the rows and normalizes them."""
         p = self.p
         g = _Src()
-        tiles = self.KO * self.NT
-        grid = min(tiles, OUTER_LOOPED_TILE_GRID * p.sms) if OUTER_LOOPED_TILE_GRID else tiles
-        self.setup(g, "normc_outer", tile_grid=grid if grid < tiles else 0)
+        self.setup(g, "normc_outer")
         self.emit_rows_accumulate(g)
         self.emit_cta_combine(g)
         g(self.columns(p.tile))
@@ -2173,7 +2155,7 @@ class _Outer(_Kernel):
         self.merge_column(g, "lc")
         self.emit_stats_and_affine(g)
         self.emit_normalize(g, reverse=bool(LOOPED_REVERSE))
-        return KernelSource("normc_outer", g.text(), grid, p.threads, self.shared, self.ptypes())
+        return KernelSource("normc_outer", g.text(), p.grid, p.threads, self.shared, self.ptypes())
 
     def split(self):
         p, S, T = self.p, self.p.splits, self.p.tile

@@ -418,23 +418,6 @@ def test_outer_column_if_and_mixed_two_pivots(text, shape, dtype, sizes, perm, s
         assert ("pvlo" in src and "pvhi" in src) == bool(flags)
 
 
-@pytest.mark.parametrize("text, shape, sizes, strategy", [
-    (IN2, (9, 3, 5, 6), {}, "outer"),
-    (GN, (7, 12, 4, 4), {"g": 2}, "mixed"),
-], ids=["outer", "mixed"])
-def test_outer_looped_tile_loop(text, shape, sizes, strategy, monkeypatch):
-    """codegen.OUTER_LOOPED_TILE_GRID: the looped kernel on at most k x SMs CTAs, each looping over column tiles
-    (the simulator plans for 4 SMs: 9 and 7 images, one tile each, over 4 CTAs, so CTAs take 3 or 2 tiles and
-    reuse their shared memory), keeps y and the statistics equal to float64's."""
-    from normc.lowering import codegen, generate
-
-    monkeypatch.setattr(codegen, "OUTER_LOOPED_TILE_GRID", 1)
-    x = make_x(shape, "float32", perm=NHWC, loc=2.0)
-    *_, plan = run_case(_spec(text, **sizes), x, schedule="looped", expect=(strategy, "looped"))
-    (k,) = generate(plan)
-    assert k.grid == plan.sms < shape[0] and "for t2 in range(bid, " in k.source
-
-
 # ----------------------------------------------------------------------------------------------------
 # edge extents and strides
 
