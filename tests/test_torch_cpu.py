@@ -257,3 +257,18 @@ def test_custom_ops_pass_opcheck():
         torch.library.opcheck(torch.ops.normc.norm_backward.default,
                               (dy, x.detach(), m, r, w.detach().half(), *args, need, need, None),
                               test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_rms_norm_default_eps_is_torchs(dtype):
+    """RMSNorm(eps=None): the machine epsilon of the type torch computes in (float32 for 16-bit x)."""
+    x = torch.full((2, 8), 1e-3, dtype=dtype)
+    want = torch.nn.RMSNorm(8, dtype=dtype)(x)
+    got = nt.RMSNorm(8, dtype=dtype)(x)
+    assert got.dtype == want.dtype
+    assert torch.allclose(got.double(), want.double(), rtol=1e-2, atol=0)
+
+
+def test_convert_refuses_a_non_module():
+    with pytest.raises(normc.ArgumentError, match=r"model is a int; expected a torch.nn.Module"):
+        nt.convert(5)

@@ -68,6 +68,21 @@ def test_layer_rms_norm(dtype):
     _compare(nn.LayerNorm((8, 128), device="cuda", dtype=dtype), x.view(64, 8, 128), dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_default_eps(dtype):
+    """RMSNorm(eps=None) takes the eps torch takes: float32's machine epsilon for 16-bit x (the type it computes
+    in), not float16's 9.8e-4 or bfloat16's 7.8e-3, which moved y of activations near 1e-3 from 0.945 to 0.03
+    (a new-user report, 2026-12-07)."""
+    nt = _ntorch()
+    x = torch.full((2, 8), 1e-3, device="cuda", dtype=dtype)
+    x[1] = torch.randn(8, device="cuda", dtype=dtype)
+    ref = torch.nn.RMSNorm(8, device="cuda", dtype=dtype)
+    got = nt.RMSNorm(8, device="cuda", dtype=dtype)
+    assert ref.eps is None and got.eps is None
+    assert _err(got(x), ref(x)) <= TOL[dtype]
+    assert abs(float(got(x)[0, 0]) - float(ref(x)[0, 0])) <= 1e-2
+
+
 @pytest.mark.parametrize("cl", [False, True], ids=["nchw", "nhwc"])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_instance_group_batch_2d(cl, dtype):
