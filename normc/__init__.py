@@ -58,13 +58,28 @@ def plan(spec, shape, dtype="float32", **kw):
     unknown = sorted(set(kw) - set(params))
     if unknown:
         hint = ""
-        if all(isinstance(kw[k], int) for k in unknown) and isinstance(spec, str):
+        if all(isinstance(kw[k], int) for k in unknown) and set(unknown) <= _split_parts(spec):
             sizes = ", ".join(f"{k}={kw[k]}" for k in unknown)
             hint = f"; a split dim's size goes into the spec: normc.plan(normc.spec(text, {sizes}), ...)"
         known = [p for p in params if p not in ("spec", "shape", "dtype")]
         raise ArgumentError(f"unexpected keyword argument(s) {', '.join(unknown)} for normc.plan; expected some of "
                             f"{', '.join(known)}{hint}")
     return plan_for(spec, shape, dtype=dtype, **kw)
+
+
+def _split_parts(spec) -> set:
+    """The part names of the split dims of spec text ``spec`` (e.g. {"g", "k"} for ``n (g k) h w : ...``); empty
+    for anything else, and for text that does not parse (its own error comes later)."""
+    from .errors import SpecError
+    from .spec import _Parser
+
+    if not isinstance(spec, str):
+        return set()
+    try:
+        dims = _Parser(spec).parse().dims
+    except SpecError:
+        return set()
+    return {a for d in dims if len(d) > 1 for a in d}
 
 
 __all__ = [

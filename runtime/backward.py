@@ -47,7 +47,9 @@ def _check(compiled, gi, xi, mi, ri, si):
     spec = compiled.spec
     sizes, sim = check_x(spec, xi)
     if tuple(gi.shape) != tuple(xi.shape):
-        raise ArgumentError(f"dy has shape {gi.shape}; expected x's shape {xi.shape}")
+        # either may be the wrong one: name both (a new user's x slice was reported as a wrong dy)
+        raise ArgumentError(f"dy has shape {gi.shape} and x has shape {xi.shape}; expected the same shape (dy is the "
+                            "gradient of y, which has x's shape)")
     if gi.dtype not in SUPPORTED:
         raise ArgumentError(f"dy has dtype {gi.dtype}; expected one of {', '.join(SUPPORTED)}")
     kept = math.prod(sizes[a] for a in spec.kept)

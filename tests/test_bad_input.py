@@ -369,6 +369,11 @@ def test_plan_names_an_unknown_keyword():
         normc.plan(text, (2, 4, 2, 2), layout="n h w (g k)", g=2)
     with pytest.raises(ArgumentError, match="keyword argument\\(s\\) foo for normc.plan; expected some of strides"):
         normc.plan(text, (2, 4, 2, 2), foo="x")
+    # an int keyword that names no part of a split dim gets no hint to move it into the spec (a new user's
+    # report: the hint sent them to another error)
+    for t in (text, "n c h w : norm over h w"):
+        with pytest.raises(ArgumentError, match=r"foo for normc.plan; expected some of [a-z_, ]*schedule$"):
+            normc.plan(t, (2, 4, 2, 2), foo=1)
     assert normc.plan(normc.spec(text, g=2), (2, 4, 2, 2), layout="n h w (g k)").strategy == "mixed"
 
 
