@@ -1899,7 +1899,9 @@ class _Outer(_Kernel):
             for ok, names, ro in self.px:
                 body(names, ro, ok, self.h_y)
         else:
-            U = LOOP_UNROLL  # rows loaded before any is stored: independent loads in flight
+            # rows loaded before any is stored: independent loads in flight (the looped schedule: as many as its
+            # statistics loop, plan.per_thread)
+            U = p.per_thread if p.schedule == "looped" else LOOP_UNROLL
             stream_loop(g, "r0 + ry", "r1", p.ry * U, backwards=reverse)
             for names, ro, ok, _ in self.load_rows_trip(g, U, self.h_last):
                 body(names, ro, ok, self.h_y)
