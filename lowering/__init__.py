@@ -372,12 +372,12 @@ def check_16bit_target(plan, cc):
                            f"sm_{cc[0]}{cc[1]}: use float32 tensors there")
 
 
-def _check_plan(plan, cls, expected):
-    """ArgumentError naming ``plan`` unless it is a ``cls``."""
+def _check_plan(plan, cls, expected, name="plan"):
+    """ArgumentError naming the argument ``name`` unless ``plan`` is a ``cls``."""
     if not isinstance(plan, cls):
         from ..errors import ArgumentError
 
-        raise ArgumentError(f"plan is a {type(plan).__name__}; expected {expected}")
+        raise ArgumentError(f"{name} is a {type(plan).__name__}; expected {expected}")
 
 
 def lower(plan, arch=None) -> list:
@@ -406,7 +406,7 @@ def lower_backward(bplan, arch=None) -> list:
     from ..backward_plan import BackwardPlan
     from .backward import generate_backward
 
-    _check_plan(bplan, BackwardPlan, "a normc.backward_plan.BackwardPlan")
+    _check_plan(bplan, BackwardPlan, "a normc.backward_plan.BackwardPlan", "bplan")
 
     cc = arch_cc(arch or bplan.arch)
     check_16bit_target(bplan, cc)

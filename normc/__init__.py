@@ -11,6 +11,7 @@ launches them with low overhead on any CUDA array (or on Numba's CUDA simulator 
 
 __version__ = "0.1.0"
 
+import functools as _functools
 import os as _os
 
 # Numba builds a coloured message (colorama) for every typing attempt that fails while it resolves overloads,
@@ -49,12 +50,10 @@ def plan(spec, shape, dtype="float32", **kw):
         normc.ArgumentError: a keyword ``plan_for`` does not take (a split dim's size, e.g. ``g=2``, belongs to
             the spec: ``normc.plan(normc.spec(text, g=2), ...)``); the errors of ``plan_for``.
     """
-    import inspect
-
     from .api import plan_for
     from .errors import ArgumentError
 
-    params = inspect.signature(plan_for).parameters
+    params = _plan_keywords()
     unknown = sorted(set(kw) - set(params))
     if unknown:
         hint = ""
@@ -65,6 +64,17 @@ def plan(spec, shape, dtype="float32", **kw):
         raise ArgumentError(f"unexpected keyword argument(s) {', '.join(unknown)} for normc.plan; expected some of "
                             f"{', '.join(known)}{hint}")
     return plan_for(spec, shape, dtype=dtype, **kw)
+
+
+@_functools.cache
+def _plan_keywords() -> tuple:
+    """The parameter names of :func:`normc.api.plan_for`, in order (read once: ``inspect.signature`` costs tens
+    of microseconds a call)."""
+    import inspect
+
+    from .api import plan_for
+
+    return tuple(inspect.signature(plan_for).parameters)
 
 
 def _split_parts(spec) -> set:

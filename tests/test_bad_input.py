@@ -586,5 +586,5 @@ def test_lower_names_a_wrong_plan():
 
     with pytest.raises(ArgumentError, match="^plan is a str; expected a normc.Plan"):
         lower("t d : norm over d")
-    with pytest.raises(ArgumentError, match="^plan is a Plan; expected a normc.backward_plan.BackwardPlan"):
+    with pytest.raises(ArgumentError, match="^bplan is a Plan; expected a normc.backward_plan.BackwardPlan"):
         lower_backward(normc.plan("t d : norm over d", (2, 8)))
