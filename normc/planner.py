@@ -99,13 +99,14 @@ OUTER_CLUSTER_MAX_VALUES = 2 * MAX_VALUES_PER_THREAD
 OUTER_TILE_VECTORS = 32
 # Threads of an outer/mixed CTA that streams its rows (looped and split schedules).
 OUTER_STREAM_THREADS = CTA_THREADS
-# ... except the looped schedule's one CTA per column tile (enough tiles for the SMs): 512 threads, each
+# ... except the outer looped schedule's one CTA per column tile (enough tiles for the SMs): 512 threads, each
 # loading 8 vectors a loop trip (statistics and re-read), so each tile has 16 KB more in flight. Measured
 # (tests/gpu_sweep.py, NHWC instance norm (256, 128, 28, 28) float16, the one anchor row planned so), µs,
 # 256 threads x 4 vectors / 512 x 4 / 512 x 8: H100 (2026-12-07) 53.7 / 54.0 / 48.6; H200 (2026-12-05)
-# 43.2 / 42.1 / 41.3. As the default, on another H100 in two processes: 48.1 and 48.2 against 54.9 and 54.3. The split schedules keep OUTER_STREAM_THREADS and LOOP_UNROLL: 512 threads cost the mixed
-# split of NHWC group norm (8, 320, 64, 64) 37.0 -> 60.2 us, 8 vectors the NDHWC float16 split (2, 64, 64^3)
-# 61.5 -> 65.2 (H200, 2026-12-05).
+# 43.2 / 42.1 / 41.3. As the default, on another H100 in two processes: 48.1 and 48.2 against 54.9 and 54.3.
+# The split schedules and the mixed strategy's looped one (not measured: no anchor row) keep
+# OUTER_STREAM_THREADS and LOOP_UNROLL: 512 threads cost the mixed split of NHWC group norm (8, 320, 64, 64)
+# 37.0 -> 60.2 us, 8 vectors the NDHWC float16 split (2, 64, 64^3) 61.5 -> 65.2 (H200, 2026-12-05).
 OUTER_LOOPED_THREADS = 512
 OUTER_LOOPED_UNROLL = 8
 # A reduction run shorter than this many bytes is too short to coalesce along: prefer the mixed strategy.
@@ -1247,8 +1248,10 @@ def _plan_outer(p, common, dbytes, unit, strategy, why, force=None, csizes=CLUST
                 f"{rows} rows over {ry} y-threads: {per} vectors x {vec} per thread fit in registers: x read once"
             )
     elif base >= OUTER_LOOPED_MIN_TILES_PER_SM * sms:
-        nxc, threads, ry, base = shape(tile, OUTER_LOOPED_THREADS)
-        schedule, splits, per = "looped", 1, OUTER_LOOPED_UNROLL
+        schedule, splits, per = "looped", 1, LOOP_UNROLL
+        if strategy == "outer":
+            nxc, threads, ry, _ = shape(tile, OUTER_LOOPED_THREADS)
+            per = OUTER_LOOPED_UNROLL
         why.append(f"{base} column tiles >= {sms} SMs: one CTA of {threads} threads per column tile, statistics "
                    f"loop, re-read (from L2), {per} vectors a thread in flight")
     else:
