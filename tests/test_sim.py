@@ -418,6 +418,21 @@ def test_outer_column_if_and_mixed_two_pivots(text, shape, dtype, sizes, perm, s
         assert ("pvlo" in src and "pvhi" in src) == bool(flags)
 
 
+def test_outer_looped_reread_takes_the_plans_unroll(monkeypatch):
+    """The outer looped kernel's re-read loop loads plan.per_thread rows a trip, as its statistics loop does (the
+    planner gives that schedule OUTER_LOOPED_UNROLL = 8 where it picks it; forced, LOOP_UNROLL): with 8, both
+    loops step 8 x the y-threads, and y and the statistics stay equal to float64's."""
+    from normc import planner
+    from normc.lowering import codegen, generate
+
+    monkeypatch.setattr(planner, "LOOP_UNROLL", 8)
+    x = make_x((2, 3, 5, 6), "float32", perm=NHWC, loc=2.0)
+    *_, plan = run_case(_spec(IN2), x, schedule="looped", expect=("outer", "looped"))
+    assert plan.per_thread == 8 != codegen.LOOP_UNROLL
+    (k,) = generate(plan)
+    assert k.source.count(f"for base in range(r0 + ry, r1, {8 * plan.ry}):") == 2
+
+
 # ----------------------------------------------------------------------------------------------------
 # edge extents and strides
 
