@@ -95,6 +95,16 @@ MIXED_TWO_PIVOTS = 1
 # keeps row 1's bound (36 bytes) and should drop the group norm rows' (172-260 bytes): row 1 89.9 -> 90.1 and
 # 90.9 -> 90.5 us (no gain), docs/performance.md.
 OUTER_PERSISTENT_SM_THREADS = 0
+# Outer/mixed persistent kernels, norm statistic, unscaled dtypes: 1 sums the registers' shifted values (x - the
+# column's pivot) and their squares in one round (one shared-memory pass, one cluster barrier, one DSMEM
+# exchange; variance = E[(x - pv)^2] - E[x - pv]^2, the streaming kernels' shifted sums), where 0 takes two exact
+# rounds (sums, then squared deviations from the mean). Row 56's cluster kernel spends its time in those
+# latency-bound rounds (ncu: 22.5% achieved occupancy, 36.5% issue-slot use). PTX instructions / registers /
+# barriers (nvJitLink, sm_90), two rounds -> one: row 56 2,095 / 114 / 11 -> 1,581 / 128 / 8, row 1 882 / 94 /
+# 9 -> 733 / 96 / 6, row 16 940 / 70 / 6 -> 465 / 62 / 4, but row 58 2,301 / 127 -> 1,800 / 168 (one 256-thread
+# CTA per SM instead of two). 0 until timed:
+# tests/gpu_sweep.py --rows 56,58,1,16 --case codegen.OUTER_PERSISTENT_ONE_PASS=1.
+OUTER_PERSISTENT_ONE_PASS = 0
 # Staged kernel (inner, short rows): threads per SM its launch bound asks for (0: no bound). Unbounded it
 # takes 64-80 registers per thread on float32 rows of 10-16 values (3 CTAs of 256 per SM); bounded, at most 64
 # (4 CTAs per SM; ptxas, sm_90: 10M x 10 spills nothing, rows of 16 values up to 16 bytes). Measured on the H200
@@ -1913,29 +1923,47 @@ class _Outer(_Kernel):
         every lc of the tile afterwards (all threads synchronized). Plain sums (no Welford merges) keep the
         combine short: the y-threads' partials are added with independent loads, then C DSMEM loads.
         ``rnd`` names this round's shared arrays (a peer may still read the previous round's)."""
+        self.column_totals(g, [(vals, dst)], rnd)
+
+    def column_totals(self, g, pairs, rnd):
+        """:meth:`column_total` of several ``(vals, dst)`` pairs in one round: one barrier, one cluster barrier
+        and one DSMEM exchange for all of them (pair i's shared arrays get the suffix a, b, ...; none for a
+        single pair)."""
         p, V, T, C = self.p, self.V, self.p.tile, self.p.cluster
         RY = p.ry
-        self.smem(g, f"sR{rnd}", RY * T)
+        sfx = [""] if len(pairs) == 1 else ["abcdefgh"[i] for i in range(len(pairs))]
+        srs = [f"sR{rnd}{x}" for x in sfx]
+        tots = [f"tot{x}" for x in sfx]
+        for sr in srs:
+            self.smem(g, sr, RY * T)
         with g.block("if act:"):
-            for j in range(V):
-                g(f"sR{rnd}[ry * {T} + cx * {V} + {j}] = {vals[j]}")
+            for sr, (vals, _) in zip(srs, pairs):
+                for j in range(V):
+                    g(f"{sr}[ry * {T} + cx * {V} + {j}] = {vals[j]}")
         g("cuda.syncthreads()")
-        tgt = f"sP{rnd}" if C > 1 else dst
+        tgts = [f"sP{rnd}{x}" if C > 1 else dst for x, (_, dst) in zip(sfx, pairs)]
         if C > 1:
-            self.smem(g, tgt, T)
+            for tgt in tgts:
+                self.smem(g, tgt, T)
         with g.block(self.columns(T)):
-            g(f"tot = sR{rnd}[lc]")
+            for tot, sr in zip(tots, srs):
+                g(f"{tot} = {sr}[lc]")
             with g.block(f"for k in range(1, {RY}):"):
-                g(f"tot = tot + sR{rnd}[k * {T} + lc]")
-            g(f"{tgt}[lc] = tot")
+                for tot, sr in zip(tots, srs):
+                    g(f"{tot} = {tot} + {sr}[k * {T} + lc]")
+            for tot, tgt in zip(tots, tgts):
+                g(f"{tgt}[lc] = {tot}")
         if C > 1:
             g("cluster_arrive()")
             g("cluster_wait()")
             with g.block(self.columns(T)):
-                g(f"tot = dsmem_ld({tgt}, lc, 0)")
+                for tot, tgt in zip(tots, tgts):
+                    g(f"{tot} = dsmem_ld({tgt}, lc, 0)")
                 with g.block(f"for k in range(1, {C}):"):
-                    g(f"tot = tot + dsmem_ld({tgt}, lc, k)")
-                g(f"{dst}[lc] = tot")
+                    for tot, tgt in zip(tots, tgts):
+                        g(f"{tot} = {tot} + dsmem_ld({tgt}, lc, k)")
+                for tot, (_, dst) in zip(tots, pairs):
+                    g(f"{dst}[lc] = {tot}")
         g("cuda.syncthreads()")
 
     def group_total(self, g, src, dst):
@@ -1974,8 +2002,18 @@ class _Outer(_Kernel):
             self.emit_pivot_table(g)
             for j in range(V):
                 g(f"u{j} = " + " + ".join(names[j] for _, names, _ in self.px))
+            one_pass = bool(OUTER_PERSISTENT_ONE_PASS) and not self.scaled
+            if one_pass:
+                # masked rows hold 0, so their squares add nothing either
+                for j in range(V):
+                    g(f"q{j} = " + " + ".join(f"{names[j]} * {names[j]}" for _, names, _ in self.px))
             self.smem(g, "sSum", T)
-            self.column_total(g, [f"u{j}" for j in range(V)], "sSum", 1)
+            if one_pass:
+                self.smem(g, "sSq", T)
+                self.column_totals(g, [([f"u{j}" for j in range(V)], "sSum"), ([f"q{j}" for j in range(V)], "sSq")],
+                                   1)
+            else:
+                self.column_total(g, [f"u{j}" for j in range(V)], "sSum", 1)
             if p.strategy == "mixed":
                 self.smem(g, "sGS", T)
                 self.group_total(g, "sSum", "sGS")
@@ -1986,14 +2024,15 @@ class _Outer(_Kernel):
             with g.block(self.columns(T)):
                 g(f"sMu[lc] = {src}[lc] / F32({cnt!r})")
             g("cuda.syncthreads()")
-            for j in range(V):
-                g(f"mu{j} = sMu[min(cx * {V} + {j}, {T - 1})]")
-            for j in range(V):
-                terms = []
-                for ok, names, _ in self.px:
-                    d2 = f"({names[j]} - mu{j}) * ({names[j]} - mu{j})"
-                    terms.append(d2 if ok == "True" else f"{d2} * {masks[ok]}")
-                g(f"q{j} = " + " + ".join(terms))
+            if not one_pass:
+                for j in range(V):
+                    g(f"mu{j} = sMu[min(cx * {V} + {j}, {T - 1})]")
+                for j in range(V):
+                    terms = []
+                    for ok, names, _ in self.px:
+                        d2 = f"({names[j]} - mu{j}) * ({names[j]} - mu{j})"
+                        terms.append(d2 if ok == "True" else f"{d2} * {masks[ok]}")
+                    g(f"q{j} = " + " + ".join(terms))
         elif self.scaled:
             # the registers stay unscaled (y uses the unscaled rstd); only the squares see scl
             self.emit_pivot_table(g)
@@ -2003,8 +2042,10 @@ class _Outer(_Kernel):
         else:
             for j in range(V):
                 g(f"q{j} = " + " + ".join(f"{names[j]} * {names[j]}" for _, names, _ in self.px))
-        self.smem(g, "sSq", T)
-        self.column_total(g, [f"q{j}" for j in range(V)], "sSq", 2)
+        one_pass = p.stat == "norm" and bool(OUTER_PERSISTENT_ONE_PASS) and not self.scaled
+        if not one_pass:  # one pass: sSq was summed with sSum
+            self.smem(g, "sSq", T)
+            self.column_total(g, [f"q{j}" for j in range(V)], "sSq", 2)
         if p.strategy == "mixed":
             self.smem(g, "sGQ", T)
             self.group_total(g, "sSq", "sGQ")
@@ -2026,7 +2067,14 @@ class _Outer(_Kernel):
             else:
                 g("mean = sMu[lc]" if p.stat == "norm" else "mean = F32(0.0)")
                 wmean = "mean + sPv[lc]" if p.stat == "norm" else "mean"  # written: the unshifted mean
-                self.rstd_of(g, f"{qsrc}[lc] / F32({cnt!r})", f"F32({p.eps!r})")
+                if one_pass:
+                    # E[d^2] - E[d]^2 of the shifted d = x - pv, floored at 0 by a select (max() would turn
+                    # the NaN of an Inf input into 0)
+                    g(f"vq = {qsrc}[lc] / F32({cnt!r}) - mean * mean")
+                    g("vq = sel(vq < F32(0.0), F32(0.0), vq)")
+                    self.rstd_of(g, "vq", f"F32({p.eps!r})")
+                else:
+                    self.rstd_of(g, f"{qsrc}[lc] / F32({cnt!r})", f"F32({p.eps!r})")
             if p.stats:
                 if p.strategy == "mixed":
                     gst = self.block[0].stat
