@@ -1988,6 +1988,8 @@ class _Outer(_Kernel):
         g = _Src()
         self.setup(g, "normc_outer", splits=C)
         self.emit_rows_accumulate(g)  # persistent: loads into registers (self.px)
+        # one round of sums for the shifted values and their squares (OUTER_PERSISTENT_ONE_PASS), else two
+        one_pass = p.stat == "norm" and bool(OUTER_PERSISTENT_ONE_PASS) and not self.scaled
         if p.stat == "norm":
             # registers hold x - pivot (masked lanes 0); means are of shifted values until written out
             # masked rows: values times their 0/1 mask (one F32() per row, not a select per value)
@@ -2002,7 +2004,6 @@ class _Outer(_Kernel):
             self.emit_pivot_table(g)
             for j in range(V):
                 g(f"u{j} = " + " + ".join(names[j] for _, names, _ in self.px))
-            one_pass = bool(OUTER_PERSISTENT_ONE_PASS) and not self.scaled
             if one_pass:
                 # masked rows hold 0, so their squares add nothing either
                 for j in range(V):
@@ -2042,7 +2043,6 @@ class _Outer(_Kernel):
         else:
             for j in range(V):
                 g(f"q{j} = " + " + ".join(f"{names[j]} * {names[j]}" for _, names, _ in self.px))
-        one_pass = p.stat == "norm" and bool(OUTER_PERSISTENT_ONE_PASS) and not self.scaled
         if not one_pass:  # one pass: sSq was summed with sSum
             self.smem(g, "sSq", T)
             self.column_total(g, [f"q{j}" for j in range(V)], "sSq", 2)
