@@ -59,6 +59,14 @@ ROW_FINISH_WARP_ROWS = 32
 # adding (per output; :meth:`_Red.partials_finish`). 0: the strided load-add loop, which NVVM unrolls by 4 per
 # output, one output after the other (about 2 x ceil(G / 32) dependent rounds of loads for G partials).
 FINISH_LOADS = 16
+# Outer reduce kernels (per-column parameter sums: normc_bwd_dx, normc_bwd_param, the partial and finish
+# kernels): 1 writes a column loop over a tile of no more columns than threads as ``if tid < T:`` (lc = tid), as
+# the forward's codegen.COLUMN_IF does (NVVM unrolls the at-most-once loop with remainder checks; the forward
+# gained 0.3-3.5 us on its outer/mixed rows from it, H100, 2026-12-07). PTX instructions of a row's backward
+# kernels (nvJitLink, sm_90), 0 -> 1: row 1 840 -> 835, row 3 1,242 -> 1,240 (its fused kernel 76 -> 80
+# registers), row 5 1,447 -> 1,289, row 66 1,623 -> 1,267. 0 until timed: tests/gpu_backward_ab.py --rows
+# 1,3,5,7,66 --kernels --configs 'default;lowering.COLUMN_IF=1'.
+COLUMN_IF = 0
 
 
 def _ordered_sum(g, pairs, lanes, stride, idx, var):
@@ -487,6 +495,11 @@ class _Red(_Emitter):
             mode, f"normc_bwd_{rp.role}_{mode}")
         rev = mode in ("finish", "fused") and rp.reverse  # as in inner_kernel
         self.prologue(g, name, reverse_grid=rp.grid if rev and mode == "finish" else 0)
+        if COLUMN_IF and T <= rp.threads:
+            g("lc = tid  # the column of the blocks under columns")
+            columns = f"if tid < {T}:"
+        else:
+            columns = f"for lc in range(tid, {T}, {rp.threads}):"
         g(f"cx = tid % {rp.nxc}")
         g(f"ry = tid // {rp.nxc}")
         g(f"act = ry < {RY}")
@@ -522,7 +535,7 @@ class _Red(_Emitter):
             if mode == "fused":
                 self.smem(g, f"sT_{q}", T)
         if mode == "finish":
-            with g.block(f"for lc in range(tid, {T}, {rp.threads}):"):
+            with g.block(columns):
                 g(f"gk = {gkey}")
                 g(f"gok = tile * {T} + lc < {CB}")
                 for q in self.Q:
@@ -553,7 +566,7 @@ class _Red(_Emitter):
                     for q in self.Q:
                         g(f"sQ_{q}[ry * {T} + cx * {V} + {j}] = a_{q}{j}")
             g("cuda.syncthreads()")
-            with g.block(f"for lc in range(tid, {T}, {rp.threads}):"):
+            with g.block(columns):
                 _ordered_sum(g, [(f"t_{q}", f"sQ_{q}") for q in self.Q], RY, T, "lc", "k")
                 g(f"gok = tile * {T} + lc < {CB}")
                 g(f"gk = {gkey}")
