@@ -45,8 +45,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..errors import CompileError
-from .codegen import (TAG, KernelSource, _chain, _coords, _Emitter, _offset, _ptr_type, _Src, stream_loop,
-                      vector_offsets)
+from .codegen import (TAG, KernelSource, _chain, _coords, _Emitter, _offset, _ptr_type, _Src, column_block,
+                      stream_loop, vector_offsets)
 
 BPARAMS = "gp, xp, sp, mp, rp, dp, wp, dsp, dhp"
 _OUTPTR = {"dscale": "dsp", "dshift": "dhp"}
@@ -495,11 +495,9 @@ class _Red(_Emitter):
             mode, f"normc_bwd_{rp.role}_{mode}")
         rev = mode in ("finish", "fused") and rp.reverse  # as in inner_kernel
         self.prologue(g, name, reverse_grid=rp.grid if rev and mode == "finish" else 0)
-        if COLUMN_IF and T <= rp.threads:
+        columns = column_block(T, rp.threads, COLUMN_IF)
+        if columns.startswith("if "):
             g("lc = tid  # the column of the blocks under columns")
-            columns = f"if tid < {T}:"
-        else:
-            columns = f"for lc in range(tid, {T}, {rp.threads}):"
         g(f"cx = tid % {rp.nxc}")
         g(f"ry = tid // {rp.nxc}")
         g(f"act = ry < {RY}")

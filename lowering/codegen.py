@@ -346,6 +346,16 @@ class _Emitter:
         g.mark_decls()
 
 
+def column_block(T, threads, as_if):
+    """Header of a block that thread ``lc`` runs for column lc of ``T`` columns in a CTA of ``threads``: the loop
+    ``for lc in range(tid, T, threads):``, or, when ``as_if`` and ``T <= threads``, ``if tid < T:`` (NVVM does not
+    see that the loop runs at most once and unrolls it with remainder checks; the kernel must then set
+    ``lc = tid`` before). Shared by the forward's outer/mixed kernels and the backward's outer reduce kernels."""
+    if as_if and T <= threads:
+        return f"if tid < {T}:"
+    return f"for lc in range(tid, {T}, {threads}):"
+
+
 def stream_loop(g, start, stop, step, backwards=False):
     """Open ``for base in range(start, stop, step):`` (indenting ``g``; the caller dedents), run backwards,
     the last trip first, when ``backwards``.
@@ -1575,12 +1585,9 @@ class _Outer(_Kernel):
         return any(a.scale or a.shift for a in self.rowax)
 
     def columns(self, T):
-        """Header of a block run by thread ``lc`` for column lc of the tile's ``T`` columns: a loop over lc =
-        tid, tid + threads, ... or, with :data:`COLUMN_IF` and ``T <= threads``, ``if tid < T:`` (``lc = tid``
-        is set by :meth:`setup`)."""
-        if COLUMN_IF and T <= self.p.threads:
-            return f"if tid < {T}:"
-        return f"for lc in range(tid, {T}, {self.p.threads}):"
+        """Header of a block run by thread ``lc`` for column lc of the tile's ``T`` columns
+        (:func:`column_block` under :data:`COLUMN_IF`; ``lc = tid`` is set by :meth:`setup`)."""
+        return column_block(T, self.p.threads, COLUMN_IF)
 
     def setup(self, g, name, splits=None, reverse_grid=0):
         p = self.p

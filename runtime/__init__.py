@@ -271,7 +271,15 @@ def _is_jax(obj) -> bool:
 
 def check_sim_arch(plan, arch):
     """On the simulator, where ``arch`` picks no PTX: raise the CompileError a GPU would for a 16-bit ``plan``
-    (forward or backward) and an ``arch`` older than sm_80 (:func:`normc.lowering.check_16bit_target`)."""
+    (forward or backward) and an ``arch`` older than sm_80 (:func:`normc.lowering.check_16bit_target`).
+
+    Args:
+        plan: a :class:`normc.Plan` or :class:`normc.backward_plan.BackwardPlan`.
+        arch: the Compiled's ``arch`` override (any form :func:`normc.lowering.arch_cc` takes), or None.
+
+    Raises:
+        CompileError: float16/bfloat16 in ``plan`` with ``arch`` older than sm_80.
+    """
     if arch is not None:
         from ..lowering import arch_cc, check_16bit_target
 
