@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 
 from llvmlite import ir
-from numba import cuda, float32, int32, int64, types
+from numba import cuda, float32, int32, int64, types, uint32
 from numba.core import cgutils
 from numba.core.extending import intrinsic
 
@@ -538,7 +538,7 @@ def rsqrt(v):
 def namespace() -> dict:
     """Globals for exec'ing generated kernel source for the GPU."""
     ns = {
-        "cuda": cuda, "I64": int64, "I32": int32, "F32": float32, "F32T": float32, "rsqrt": rsqrt,
+        "cuda": cuda, "I64": int64, "I32": int32, "U32": uint32, "F32": float32, "F32T": float32, "rsqrt": rsqrt,
         "shfl_xor": shfl_xor, "shfl_idx": shfl_idx, "cluster_arrive": cluster_arrive, "cluster_wait": cluster_wait,
         "dsmem_ld": dsmem_ld, "griddep_wait": griddep_wait, "griddep_launch_dependents": griddep_launch_dependents,
         "smem_base": smem_base, "lds_f32": lds_f32, "sts_f32": sts_f32,

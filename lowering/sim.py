@@ -268,7 +268,7 @@ def namespace(cluster=1, threads=1, blocks=1) -> dict:
     """Globals for exec'ing generated kernel source for Numba's CUDA simulator (``cluster`` CTAs of
     ``threads`` threads per simulated block, ``blocks`` simulated blocks)."""
     ns = {
-        "cuda": cuda if cluster == 1 else _ClusterCuda(cluster, threads, blocks), "I64": _i64, "I32": _i64,
+        "cuda": cuda if cluster == 1 else _ClusterCuda(cluster, threads, blocks), "I64": _i64, "I32": _i64, "U32": _i64,
         "F32": np.float32, "F32T": np.float32, "rsqrt": rsqrt, "shfl_xor": shfl_xor, "shfl_idx": shfl_idx,
         "cluster_arrive": cluster_arrive, "cluster_wait": cluster_wait, "dsmem_ld": dsmem_ld,
         "smem_base": smem_base, "lds_f32": lds_f32, "sts_f32": sts_f32, "griddep_wait": griddep_wait,
