@@ -4,7 +4,8 @@
 
 Each config is ``default`` or comma-separated ``NAME=INT`` assignments to module-level constants of
 ``normc.backward_plan`` (booleans as 1/0), or ``lowering.NAME=INT`` to those of ``normc.lowering.backward``
-(kernel-source constants: they also go into the kernel cache's key), applied on top of the defaults.
+or ``codegen.NAME=INT`` to those of ``normc.lowering.codegen`` (kernel-source constants: they also go into
+the kernel cache's key), applied on top of the defaults.
 For each anchor row and each config, plans and times normc's backward (``normc.bench.bench_backward_row``, normc
 only: CUDA-graph replay, rotating inputs) and checks that every config gives the same dx, dscale and dshift as
 the first (largest error relative to the gradient's largest magnitude, against the dtype's gradient tolerance);
@@ -54,14 +55,19 @@ def main(argv=None) -> int:
     import normc.backward_plan as bpm
     from normc import runtime
     from normc.lowering import backward as lbm
+    from normc.lowering import codegen as cgm
 
     def _mod(n):
-        """(module, attribute) of a --configs name: lowering.NAME in normc.lowering.backward, else backward_plan."""
-        return (lbm, n[len("lowering."):]) if n.startswith("lowering.") else (bpm, n)
+        """(module, attribute) of a --configs name: lowering.NAME in normc.lowering.backward, codegen.NAME in
+        normc.lowering.codegen, else backward_plan."""
+        for prefix, mod in (("lowering.", lbm), ("codegen.", cgm)):
+            if n.startswith(prefix):
+                return mod, n[len(prefix):]
+        return bpm, n
 
-    lowered = set()  # kernel-source constants set by some config: part of the kernel cache's key
+    lowered = set()  # kernel-source constants set by some config (their --configs names): in the cache's key
     versions = runtime.versions
-    runtime.versions = lambda: {**versions(), "ab": sorted((n, getattr(lbm, n)) for n in lowered)}
+    runtime.versions = lambda: {**versions(), "ab": sorted((n, getattr(*_mod(n))) for n in lowered)}
     from normc.bench import (GRAD_TOL, bench_backward_row, copy_bandwidth, load_table, make_grads, make_inputs,
                              parse_rows)
 
@@ -73,9 +79,9 @@ def main(argv=None) -> int:
             mod, attr = _mod(name)
             if not hasattr(mod, attr) or not v.lstrip("-").isdigit():
                 ap.error(f"--configs: {part!r} is not NAME=INT for a constant of normc.backward_plan "
-                         "(or lowering.NAME for normc.lowering.backward)")
-            if mod is lbm:
-                lowered.add(attr)
+                         "(or lowering.NAME for normc.lowering.backward, codegen.NAME for normc.lowering.codegen)")
+            if mod is not bpm:
+                lowered.add(name)
             cfg[name] = (v == "1") if isinstance(getattr(mod, attr), bool) else int(v)
         configs.append((text.strip(), cfg))
     orig = {n: getattr(*_mod(n)) for _, c in configs for n in c}
