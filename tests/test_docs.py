@@ -217,3 +217,37 @@ def test_classification():
         needs("# requires: tpu")
     assert "needs torch and a GPU" in skip_reason("import torch", gpu_run=False)
     assert "needs a GPU" in skip_reason("# requires: gpu", gpu_run=False)
+
+
+# ``$ normc plan ...`` examples in the docs, with the output printed under them (up to the next ``$`` line or
+# the block's end): the CLI must still print it (an example whose output starts "normc: error:" exits with
+# status 2 and prints it on stderr). A shown line ending in "..." is shortened (a prefix of the real
+# line); a block may show the first lines only.
+PLAN_EXAMPLE = re.compile(r"^\$ (normc plan [^\n|]*)\n((?:(?!\$ |```)[^\n]*\n)*)", re.M)
+
+
+def _plan_examples():
+    out = []
+    for path in FILES:
+        for m in PLAN_EXAMPLE.finditer(path.read_text()):
+            if m.group(2).strip():
+                out.append(pytest.param(m.group(1), m.group(2), id=f"{path.name}:{m.group(1)[11:60]}"))
+    return out
+
+
+@pytest.mark.parametrize("cmd,shown", _plan_examples())
+def test_plan_example_output_is_current(cmd, shown, capsys, monkeypatch, tmp_path):
+    import shlex
+
+    from normc.cli import main
+
+    monkeypatch.setenv("NORMC_CACHE_DIR", str(tmp_path))  # no autotuned plan of the user's cache
+    want = shown.rstrip("\n").splitlines()
+    status = main(shlex.split(cmd)[1:])
+    out, err = capsys.readouterr()
+    failing = want[0].startswith("normc: error:")  # an example of an error: its message, on stderr
+    assert status == (2 if failing else 0), (cmd, err)
+    got = (err if failing else out).splitlines()
+    assert len(got) >= len(want), (cmd, got)
+    for w, g in zip(want, got):
+        assert g == w or (w.endswith("...") and g.startswith(w[:-3].rstrip())), (cmd, w, g)
