@@ -90,6 +90,7 @@ def _read_json(path, what):
 def _check_table_row(row):
     """The problem with a table row (a field missing or of the wrong kind, a spec that does not parse or does
     not fit the shape), or None."""
+    from .api import layout_strides
     from .errors import NormcError
 
     if not isinstance(row, dict):
@@ -103,18 +104,30 @@ def _check_table_row(row):
         return f"shape is {shape!r}; expected a list of non-negative integers"
     if row.get("dtype") not in ITEMSIZE:
         return f"dtype is {row.get('dtype')!r}; expected one of {', '.join(ITEMSIZE)}"
-    perm = row.get("memory_perm")
-    if not (isinstance(perm, list) and all(type(d) is int for d in perm) and sorted(perm) == list(range(len(shape)))):
-        return f"memory_perm is {perm!r}; expected a permutation of 0..{len(shape) - 1}"
     if not isinstance(row.get("sizes", {}), dict):
         return f"sizes is {row['sizes']!r}; expected an object of split-axis sizes, e.g. {{\"g\": 32}}"
     if not all(isinstance(k, str) and k != "eps" for k in row.get("sizes", {})):
         return f"sizes is {row['sizes']!r}; expected split-axis names as keys (eps goes in the spec text)"
     try:
         sp = row_spec(row)
+    except NormcError as e:
+        return str(e).splitlines()[0]
+    if len(shape) != sp.ndim:
+        return f"shape is {shape!r} ({len(shape)} dims); expected {sp.ndim} dims, one per dim of the spec"
+    perm = row.get("memory_perm")
+    if not (isinstance(perm, list) and all(type(d) is int for d in perm) and sorted(perm) == list(range(len(shape)))):
+        return f"memory_perm is {perm!r}; expected a permutation of 0..{len(shape) - 1}"
+    try:
         sp.axis_sizes(tuple(shape))
     except NormcError as e:
         return str(e).splitlines()[0]
+    try:
+        order = layout_strides(sp, shape, row["memory_order"])
+    except NormcError as e:
+        return f"memory_order: {str(e).splitlines()[0]}"
+    if order != layout_strides(sp, shape, perm):
+        return (f"memory_order {row['memory_order']!r} and memory_perm {perm!r} disagree; expected the same "
+                "dims in the same order")
     fam = row["family"]
     if fam == "group" and not isinstance(row.get("sizes", {}).get("g"), int):
         return "family is 'group' but sizes gives no int g (torch's num_groups), e.g. {\"g\": 32}"

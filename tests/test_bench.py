@@ -86,7 +86,7 @@ _ROW = {"family": "layer", "shape": [4, 8], "dtype": "float32", "memory_order": 
     # a group row without g failed in the GPU run (KeyError building torch's group_norm); a layer row with an RMS
     # spec compared normc's RMS norm against torch's layer norm
     (json.dumps({"rows": [{**_ROW, "family": "group", "shape": [2, 8, 4], "memory_perm": [0, 1, 2],
-                           "spec": "n (g k) l : norm over k l", "sizes": {"k": 2}}]}),
+                           "memory_order": "n (g k) l", "spec": "n (g k) l : norm over k l", "sizes": {"k": 2}}]}),
      "row 0: family is 'group' but sizes gives no int g"),
     (json.dumps({"rows": [{**_ROW, "spec": "t d : rms over d"}]}),
      "row 0: family is 'layer' but the spec's statistic is 'rms'; expected norm"),
@@ -98,7 +98,13 @@ _ROW = {"family": "layer", "shape": [4, 8], "dtype": "float32", "memory_order": 
     (json.dumps({"rows": [{**_ROW, "memory_perm": [0, 0]}]}), "row 0: memory_perm is [0, 0]; expected a permutation"),
     (json.dumps({"rows": [{k: v for k, v in _ROW.items() if k != "spec"}]}), "row 0: spec is None; expected a string"),
     (json.dumps({"rows": [{**_ROW, "spec": "t d : norm ovr d"}]}), "row 0: missing 'over' after 'norm'"),
-    (json.dumps({"rows": [{**_ROW, "shape": [4, 8, 2], "memory_perm": [0, 1, 2]}]}), "row 0: x has rank 3"),
+    (json.dumps({"rows": [{**_ROW, "shape": [4, 8, 2], "memory_perm": [0, 1, 2]}]}),
+     "row 0: shape is [4, 8, 2] (3 dims); expected 2 dims"),
+    (json.dumps({"rows": [{**_ROW, "shape": [4, 8, 2]}]}), "row 0: shape is [4, 8, 2] (3 dims)"),  # not memory_perm
+    # memory_order was not checked: a row's label could name another layout than the one timed
+    (json.dumps({"rows": [{**_ROW, "memory_order": "t q"}]}), "row 0: memory_order: layout 't q' must list each dim"),
+    (json.dumps({"rows": [{**_ROW, "memory_order": "d t"}]}),
+     "row 0: memory_order 'd t' and memory_perm [0, 1] disagree"),
     (json.dumps({"rows": [{**_ROW, "sizes": {"eps": 1}}]}), "row 0: sizes is {'eps': 1}; expected split-axis names"),
     ("[" * 100000 + "]" * 100000, "nested too deeply"),
 ])
