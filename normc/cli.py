@@ -135,7 +135,7 @@ def _stdout(text: str):
 
 
 def _emit(text: str, path):
-    if path is None:
+    if path is None or path == "-":
         _stdout(text)
     else:
         try:
@@ -231,12 +231,16 @@ def _cmd_ptx(args) -> int:
                   f"{k.shared_bytes} B shared, {u.stack} B stack, {u.spill_stores} B spill stores, "
                   f"{u.spill_loads} B spill loads, grid {k.grid} x block {k.block}", file=sys.stderr)
     if args.cubin:
-        if args.output is None:
-            raise _UsageError("--cubin writes binary: give the file with -o FILE")
+        if args.output is None or (args.output == "-" and sys.stdout.isatty()):
+            raise _UsageError("--cubin writes binary: give the file with -o FILE (-o - with stdout redirected)")
         data = link([k.ptx for k in kernels], plan.arch)
         try:
-            with open(args.output, "wb") as f:
-                f.write(data)
+            if args.output == "-":
+                sys.stdout.buffer.write(data)
+                sys.stdout.flush()
+            else:
+                with open(args.output, "wb") as f:
+                    f.write(data)
         except OSError as e:
             raise _UsageError(f"cannot write {args.output}: {e.strerror or e}") from None
         return 0
@@ -354,7 +358,7 @@ def _add_common(p):
     p.add_argument("--schedule", default=None, choices=[s for s in SCHEDULES if s is not None],
                    help="force the forward's schedule, as normc.compile(schedule=...) does (where the problem does "
                         "not admit it, the plan keeps the planner's choice and its 'why:' lines say so)")
-    p.add_argument("-o", "--output", default=None, metavar="FILE", help="write to FILE instead of stdout")
+    p.add_argument("-o", "--output", default=None, metavar="FILE", help="write to FILE instead of stdout ('-': stdout)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -363,6 +363,17 @@ def test_ptx_cubin_and_resource_usage(tmp_path, capsys):
     assert main(["ptx", IN_SPEC, "--shape", "64,16,8,8", "--cubin"]) == 2  # binary needs -o
 
 
+def test_output_dash_is_stdout(tmp_path):
+    """-o - writes to standard output (it used to create a file named '-'): the PTX text, and with --cubin the
+    cubin's bytes where standard output is redirected."""
+    args = [sys.executable, "-m", "normc.cli", "ptx", "t d : norm over d", "--shape", "4,8", "-o", "-"]
+    r = subprocess.run(args, cwd=tmp_path, capture_output=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith(b"// normc kernel 1/1") and b".visible .entry" in r.stdout
+    r = subprocess.run(args + ["--cubin"], cwd=tmp_path, capture_output=True, timeout=120)
+    assert r.returncode == 0 and r.stdout[:4] == b"\x7fELF"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cache_list_dir_clear(tmp_path, monkeypatch, capsys):
     from normc.runtime import cache
 
