@@ -53,7 +53,7 @@ def _parse_shape(text: str) -> tuple:
         raise _UsageError(f"--shape {text!r} is empty; expected comma-separated extents, e.g. 256,128,28,28")
     shape = []
     for p in parts:
-        if not re.fullmatch(r"\d+", p):
+        if not re.fullmatch(r"[0-9]+", p):  # ASCII digits (\d also takes other scripts' digits)
             raise _UsageError(f"--shape {text!r}: {p!r} is not a non-negative integer; expected e.g. 256,128,28,28")
         shape.append(int(p))
     return tuple(shape)
@@ -65,7 +65,7 @@ def _parse_sizes(items) -> dict:
         for piece in (s for s in item.split(",") if s.strip()):
             name, eq, value = piece.partition("=")
             name, value = name.strip(), value.strip()
-            if not eq or not name or not re.fullmatch(r"[-+]?\d+", value):
+            if not eq or not name or not re.fullmatch(r"[-+]?[0-9]+", value):
                 raise _UsageError(f"--size {piece!r}: expected NAME=INT, e.g. g=32")
             if int(value) < 1:
                 raise _UsageError(f"--size {piece.strip()!r}: the size of a part of a split dim must be a positive "
@@ -82,6 +82,8 @@ def _parse_sizes(items) -> dict:
 
 def _parse_eps(text: str) -> float:
     try:
+        if not text.isascii():  # float() takes other scripts' digits
+            raise ValueError
         eps = float(text)
     except ValueError:
         raise _UsageError(f"--eps {text!r} is not a number; expected e.g. 1e-5") from None

@@ -161,6 +161,9 @@ def test_plan_eps_and_sizes(capsys):
         (["ptx", "n c h w : norm over q", "--shape", "2,3,4,5"], "unknown reduction axis"),
         (["plan", IN_SPEC, "--shape", "2,x"], "--shape"),
         (["plan", IN_SPEC, "--shape", "2,-3,4,5"], "--shape"),
+        (["plan", IN_SPEC, "--shape", "2,\uff13,4,5"], "is not a non-negative integer"),  # full-width 3: was read as 3
+        (["plan", IN_SPEC, "--shape", "2,3,4,5", "--eps", "\u0663"], "--eps"),  # Arabic-Indic 3: was read as 3.0
+        (["plan", "n (g k) h w : norm over k h w", "--size", "g=\uff14", "--shape", "2,8,4,4"], "expected NAME=INT"),
         (["plan", IN_SPEC, "--shape", "2,3"], "rank 2"),
         (["plan", IN_SPEC, "--shape", "2,3,4,5", "--layout", "n h c"], "layout"),
         (["plan", IN_SPEC, "--shape", "2,3,4,5", "--layout", "n h h c"], "layout"),
