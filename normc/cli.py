@@ -262,6 +262,8 @@ def _cmd_bench(args) -> int:
     from . import bench
 
     systems = tuple(s.strip() for s in args.systems.split(",") if s.strip())
+    if not systems:
+        raise _UsageError(f"--systems {args.systems!r} names no system; expected some of {', '.join(bench.SYSTEMS)}")
     bad = [s for s in systems if s not in bench.SYSTEMS]
     if bad:
         raise _UsageError(f"--systems: unknown {', '.join(bad)}; expected some of {', '.join(bench.SYSTEMS)}")

@@ -65,6 +65,9 @@ def test_cli_bench_argument_errors(capsys):
     assert main(["bench", "--systems", "normc,nvfuser"]) == 2
     assert "unknown nvfuser" in capsys.readouterr().err
     assert main(["bench", "--rows", "1,x"]) == 2
+    capsys.readouterr()
+    assert main(["bench", "--systems", " , "]) == 2  # was taken as a valid (empty) list
+    assert "names no system" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(gpu_available(), reason="checks the no-GPU message")
