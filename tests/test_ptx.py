@@ -185,8 +185,8 @@ def test_outer_looped_cta_shape():
 def test_thread_and_block_index_zero_extended(unsigned, monkeypatch):
     """codegen.UNSIGNED_INDEX: %tid.x and %ctaid.x reach int64 zero-extended, so LLVM drops the floor
     corrections of // and % and Numba's negative-index wrap of shared arrays: NHWC group norm (8, 640, 32, 32)
-    float16 (row 56, mixed persistent) takes about 400 fewer PTX instructions and 20 fewer registers. With 0,
-    the sign-extended form of before."""
+    float16 (row 56, mixed persistent) takes about 400 fewer PTX instructions and 20 fewer registers. With 0
+    (the default until a GPU has timed it), the sign-extended form."""
     monkeypatch.setattr(codegen, "UNSIGNED_INDEX", unsigned)
     r = ROWS[56]
     plan = plan_for(_row_spec(r), r["shape"], r["dtype"], layout=r["memory_perm"])
