@@ -89,7 +89,7 @@ def _read_json(path, what):
 
 def _check_table_row(row):
     """The problem with a table row (a field missing or of the wrong kind, a spec that does not parse or does
-    not fit the shape), or None."""
+    not fit the shape, a memory_order other than memory_perm's), or None."""
     from .api import layout_strides
     from .errors import NormcError
 

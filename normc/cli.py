@@ -233,11 +233,12 @@ def _cmd_ptx(args) -> int:
                   f"{k.shared_bytes} B shared, {u.stack} B stack, {u.spill_stores} B spill stores, "
                   f"{u.spill_loads} B spill loads, grid {k.grid} x block {k.block}", file=sys.stderr)
     if args.cubin:
-        if args.output is None or (args.output == "-" and sys.stdout.isatty()):
+        to_stdout = args.output == "-"
+        if args.output is None or (to_stdout and (sys.stdout.isatty() or not hasattr(sys.stdout, "buffer"))):
             raise _UsageError("--cubin writes binary: give the file with -o FILE (-o - with stdout redirected)")
         data = link([k.ptx for k in kernels], plan.arch)
         try:
-            if args.output == "-":
+            if to_stdout:
                 sys.stdout.buffer.write(data)
                 sys.stdout.flush()
             else:
