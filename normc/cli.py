@@ -116,14 +116,14 @@ def _plan_from_args(args):
                     schedule=getattr(args, "schedule", None))
 
 
-def _stdout(text: str):
-    """Write ``text`` to standard output and flush it; a stdout that cannot take it (a full disk, a closed
-    stream) is a :class:`_UsageError` (exit 2), as a ``-o`` file that cannot be written is. A closed pipe is
-    left to :func:`main` (a quiet stop)."""
+def _stdout(data):
+    """Write ``data`` (text, or bytes to the stream's byte buffer) to standard output and flush it; a stdout
+    that cannot take it (a full disk, a closed stream) is a :class:`_UsageError` (exit 2), as a ``-o`` file
+    that cannot be written is. A closed pipe is left to :func:`main` (a quiet stop)."""
     try:
         if sys.stdout is None:
             raise OSError("standard output is closed")
-        sys.stdout.write(text)
+        (sys.stdout.buffer if isinstance(data, bytes) else sys.stdout).write(data)
         sys.stdout.flush()
     except BrokenPipeError:
         raise
@@ -136,13 +136,15 @@ def _stdout(text: str):
         raise _UsageError(f"cannot write standard output: {getattr(e, 'strerror', None) or e}") from None
 
 
-def _emit(text: str, path):
+def _emit(data, path):
+    """Write ``data`` (text or bytes) to the file ``path``, or to standard output where ``path`` is None or
+    ``"-"`` (:func:`_stdout`); a file that cannot be written is a :class:`_UsageError`."""
     if path is None or path == "-":
-        _stdout(text)
+        _stdout(data)
     else:
         try:
-            with open(path, "w") as f:
-                f.write(text)
+            with open(path, "wb" if isinstance(data, bytes) else "w") as f:
+                f.write(data)
         except OSError as e:
             raise _UsageError(f"cannot write {path}: {e.strerror or e}") from None
 
@@ -233,19 +235,9 @@ def _cmd_ptx(args) -> int:
                   f"{k.shared_bytes} B shared, {u.stack} B stack, {u.spill_stores} B spill stores, "
                   f"{u.spill_loads} B spill loads, grid {k.grid} x block {k.block}", file=sys.stderr)
     if args.cubin:
-        to_stdout = args.output == "-"
-        if args.output is None or (to_stdout and (sys.stdout.isatty() or not hasattr(sys.stdout, "buffer"))):
+        if args.output is None or (args.output == "-" and (sys.stdout.isatty() or not hasattr(sys.stdout, "buffer"))):
             raise _UsageError("--cubin writes binary: give the file with -o FILE (-o - with stdout redirected)")
-        data = link([k.ptx for k in kernels], plan.arch)
-        try:
-            if to_stdout:
-                sys.stdout.buffer.write(data)
-                sys.stdout.flush()
-            else:
-                with open(args.output, "wb") as f:
-                    f.write(data)
-        except OSError as e:
-            raise _UsageError(f"cannot write {args.output}: {e.strerror or e}") from None
+        _emit(link([k.ptx for k in kernels], plan.arch), args.output)
         return 0
     _emit(ptx_text(kernels, plan.workspace_floats), args.output)
     return 0
