@@ -59,14 +59,6 @@ ROW_FINISH_WARP_ROWS = 32
 # adding (per output; :meth:`_Red.partials_finish`). 0: the strided load-add loop, which NVVM unrolls by 4 per
 # output, one output after the other (about 2 x ceil(G / 32) dependent rounds of loads for G partials).
 FINISH_LOADS = 16
-# Outer reduce kernels (per-column parameter sums: normc_bwd_dx, normc_bwd_param, the partial and finish
-# kernels): 1 writes a column loop over a tile of no more columns than threads as ``if tid < T:`` (lc = tid), as
-# the forward's codegen.COLUMN_IF does (NVVM unrolls the at-most-once loop with remainder checks; the forward
-# gained 0.3-3.5 us on its outer/mixed rows from it, H100, 2026-12-07). PTX instructions of a row's backward
-# kernels (nvJitLink, sm_90), 0 -> 1: row 1 840 -> 835, row 3 1,242 -> 1,240 (its fused kernel 76 -> 80
-# registers), row 5 1,447 -> 1,289, row 66 1,623 -> 1,267. 0 until timed: tests/gpu_backward_ab.py --rows
-# 1,3,5,7,66 --kernels --configs 'default;lowering.COLUMN_IF=1'.
-COLUMN_IF = 0
 
 
 def _ordered_sum(g, pairs, lanes, stride, idx, var):
@@ -495,9 +487,11 @@ class _Red(_Emitter):
             mode, f"normc_bwd_{rp.role}_{mode}")
         rev = mode in ("finish", "fused") and rp.reverse  # as in inner_kernel
         self.prologue(g, name, reverse_grid=rp.grid if rev and mode == "finish" else 0)
-        columns = column_block(T, rp.threads, COLUMN_IF)
-        if columns.startswith("if "):
-            g("lc = tid  # the column of the blocks under columns")
+        # Column loops stay loops here. Written as ``if tid < T`` (the forward's codegen.COLUMN_IF) they took 0.1-0.4%
+        # fewer instructions on rows 1 and 3 and 11-22% fewer on rows 5 and 66, but no time: H100, 2026-12-07
+        # (tests/gpu_backward_ab.py --rows 1,3,5,66,56,0), backward us loop / if: row 1 181.2 / 180.6, row 3 96.2 /
+        # 96.9, row 5 454.0 / 455.0, row 66 180.8 / 180.6, row 56 39.7 / 40.7.
+        columns = column_block(T, rp.threads, False)
         g(f"cx = tid % {rp.nxc}")
         g(f"ry = tid // {rp.nxc}")
         g(f"act = ry < {RY}")

@@ -101,10 +101,11 @@ OUTER_PERSISTENT_SM_THREADS = 0
 # rounds (sums, then squared deviations from the mean). Row 56's cluster kernel spends its time in those
 # latency-bound rounds (ncu: 22.5% achieved occupancy, 36.5% issue-slot use). PTX instructions / registers /
 # barriers (nvJitLink, sm_90), two rounds -> one: row 56 2,095 / 114 / 11 -> 1,581 / 128 / 8, row 1 882 / 94 /
-# 9 -> 733 / 96 / 6, row 16 940 / 70 / 6 -> 465 / 62 / 4, but row 58 2,301 / 127 -> 1,800 / 168 (one 256-thread
-# CTA per SM instead of two). 0 until timed:
-# tests/gpu_sweep.py --rows 56,58,1,16 --case codegen.OUTER_PERSISTENT_ONE_PASS=1.
-OUTER_PERSISTENT_ONE_PASS = 0
+# 9 -> 733 / 96 / 6, row 16 940 / 70 / 6 -> 465 / 62 / 4, but row 58 2,301 / 127 -> 1,800 / 168 (with UNSIGNED_INDEX
+# 95 -> 128 registers). H100, 2026-12-07 (tests/gpu_sweep.py --rows 56,58,54,16,1,3,66,55,0, UNSIGNED_INDEX on,
+# outputs checked against the two-round kernels'), two rounds -> one in us: row 56 23.3 -> 21.0, row 58 10.3 ->
+# 9.3, row 1 (float32) 90.6 -> 83.3, row 16 3.2 -> 3.4; the other rows run other kernels.
+OUTER_PERSISTENT_ONE_PASS = 1
 # Every kernel's thread and block index: 1 zero-extends the 32-bit special registers to the int64 the source
 # computes in (``I64(U32(cuda.threadIdx.x))``), 0 sign-extends them (Numba types them int32). Zero-extended,
 # LLVM knows every index derived from them is non-negative, so it drops what Python semantics cost on signed
@@ -113,11 +114,12 @@ OUTER_PERSISTENT_ONE_PASS = 0
 # kernels (sm_90), 0 -> 1: NHWC group norm (8, 640, 32, 32) float16 2,118 -> 1,727, (8, 1280, 16, 16) 2,324 ->
 # 1,930, (8, 320, 64, 64) 2,095 -> 1,840, NDHWC instance norm 2 x 32 x 6^3 947 -> 477, NHWC (256, 128, 28, 28)
 # float32 891 -> 661, NHWC batch statistics 1,505 -> 1,246; ptxas registers: row 56 114 -> 94, row 58 127 -> 95,
-# NCHW group norm (8, 640, 32, 32) 96 -> 66, and row 54's partial kernel no longer spills. 0 until a GPU has
-# run it (no device came on 2026-12-07, tenth session): the A/B, which also checks the outputs against the
-# sign-extended kernels', is tests/gpu_sweep.py --rows 56,58,54,16,1,3,66,55,0 --case codegen.UNSIGNED_INDEX=1,
-# then pytest -m gpu with it on.
-UNSIGNED_INDEX = 0
+# NCHW group norm (8, 640, 32, 32) 96 -> 66, and row 54's partial kernel no longer spills. H100, 2026-12-07
+# (tests/gpu_sweep.py --rows 56,58,54,16,1,3,66,55,0 --case codegen.UNSIGNED_INDEX=1; outputs equal to the
+# sign-extended kernels'), 0 -> 1 in us: row 56 25.7 -> 23.3, row 58 11.1 -> 10.3, row 55 11.4 -> 10.8, row 16
+# 3.5 -> 3.2, row 54 34.8 -> 34.0; rows 1, 3, 66 and 0 within 0.7 us. The backward (tests/gpu_backward_ab.py
+# rows 1,3,5,66,56,0) within 0.9 us either way.
+UNSIGNED_INDEX = 1
 # Staged kernel (inner, short rows): threads per SM its launch bound asks for (0: no bound). Unbounded it
 # takes 64-80 registers per thread on float32 rows of 10-16 values (3 CTAs of 256 per SM); bounded, at most 64
 # (4 CTAs per SM; ptxas, sm_90: 10M x 10 spills nothing, rows of 16 values up to 16 bytes). Measured on the H200

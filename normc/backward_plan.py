@@ -86,7 +86,7 @@ FUSED_PARTIAL_FRACTION = 16
 # 95 -> 80, x 4096 95 -> 80 (tests/test_backward.py checks more shapes). Where ptxas would spill under the
 # bound it drops it, and a grid sized for 3 CTAs per SM would run as 2 per SM plus a partial wave: the
 # runtime then plans again without (make_backward_plan's fused_bound=False), e.g. RMS bfloat16 16384 x 2000
-# and x 2400 (93 and 90 registers; with codegen.UNSIGNED_INDEX on, x 2000 fits the bound in 79, x 2400 does
+# and x 2400 (93 and 90 registers sign-extended; with codegen.UNSIGNED_INDEX, x 2000 fits the bound in 79, x 2400 does
 # not). Left out: layer norm's two lane-route outputs (bfloat16 16384 x 768 / 1024 / 2048 and
 # (1, 1048576, 128) take 112-124 registers; 16384 x 4096 fits 80) and float32 x ((256, 128, 28, 28): 83).
 # Measured on the H200 (tests/gpu_backward_ab.py, 2026-12-03, one run), backward us, 2 per SM / 3 per SM

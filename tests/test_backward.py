@@ -1328,18 +1328,3 @@ def test_any_parameter_axes_and_schedule(case):
     run_bwd(text, x, schedule=schedule)
 
 
-@pytest.mark.parametrize("spec,shape,perm,dtype,schedule", [
-    (IN2, (2, 3, 6, 6), NHWC, "float32", None),
-    (IN2, (1, 3, 6, 6), NHWC, "float32", "split"),
-    (IN2, (2, 8, 5, 5), NHWC, "float16", None),
-    (BN, (2, 6, 4, 5), NHWC, "float32", None),
-], ids=["outer-fused", "outer-split", "outer-f16", "batch-stats-nhwc"])
-def test_outer_column_if(spec, shape, perm, dtype, schedule, monkeypatch):
-    """lowering.backward.COLUMN_IF: the outer reduce kernels' column loops as ``if tid < T`` (lc = tid) keep dx,
-    dscale and dshift equal to the float64 reference, and the form is really in the kernels."""
-    from normc.lowering import backward as lb
-
-    monkeypatch.setattr(lb, "COLUMN_IF", 1)
-    _, plan = run_bwd(spec, make_x(shape, dtype, perm=perm), schedule=schedule)
-    src = "".join(k.source for k in lb.generate_backward(plan))
-    assert "lc = tid  # the column of the blocks under columns" in src and "for lc in range(tid, " not in src
