@@ -26,6 +26,7 @@ number of blocks; a 64-value persistent kernel went from 8.3 s to 1.6 s).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, replace
 
@@ -106,6 +107,12 @@ OUTER_PERSISTENT_SM_THREADS = 0
 # outputs checked against the two-round kernels'), two rounds -> one in us: row 56 23.3 -> 21.0, row 58 10.3 ->
 # 9.3, row 1 (float32) 90.6 -> 83.3, row 16 3.2 -> 3.4; the other rows run other kernels.
 OUTER_PERSISTENT_ONE_PASS = 1
+# ... except where a column's pivot (its first value) lies more than this many standard deviations from the
+# column's mean: E[d^2] - E[d]^2 then cancels about (this)^2 ulps of the variance, so the CTA (and its cluster)
+# adds the exact second round. An outlier first value 4 sqrt(n) sigma out (tests/test_numerics.py) cost one round
+# 1.5e-4 to 2.7e-4 of rstd on the simulator at n = 576 to 2,304, and grows with n; for data whose pivot is one
+# of its ordinary values the round is almost never taken (|z| > 8 has probability 1e-15 for normal data).
+ONE_PASS_REDO_SIGMAS = 8
 # Every kernel's thread and block index: 1 zero-extends the 32-bit special registers to the int64 the source
 # computes in (``I64(U32(cuda.threadIdx.x))``), 0 sign-extends them (Numba types them int32). Zero-extended,
 # LLVM knows every index derived from them is non-negative, so it drops what Python semantics cost on signed
@@ -2008,7 +2015,10 @@ class _Outer(_Kernel):
 
     def persistent(self):
         """x held in registers, read once. Statistics in two exact passes over the registers: column sums
-        -> mean, then sums of squared deviations -> variance (rms: sums of squares only). Each pass is a
+        -> mean, then sums of squared deviations -> variance (rms: sums of squares only); under
+        OUTER_PERSISTENT_ONE_PASS (norm, unscaled dtypes) one pass of shifted sums and their squares, plus the
+        exact second pass when some column's pivot lies more than ONE_PASS_REDO_SIGMAS standard deviations
+        from its mean (a CTA-wide ``syncthreads_or``, the same in every CTA of a cluster). Each pass is a
         plain sum over the CTA's y-threads and, with ``plan.cluster`` = C > 1, over the C CTAs of the
         cluster (each CTA holds a slice of the rows, as ``setup`` assigns them) through distributed shared
         memory. The mixed strategy sums the columns of each group afterwards. Count per column: all rows."""
@@ -2048,13 +2058,32 @@ class _Outer(_Kernel):
                 self.smem(g, "sGS", T)
                 self.group_total(g, "sSum", "sGS")
                 src = "sGS"
+                if one_pass:
+                    self.smem(g, "sGQ", T)
+                    self.group_total(g, "sSq", "sGQ")
             else:
                 src = "sSum"
             self.smem(g, "sMu", T)
-            with g.block(self.columns(T)):
-                g(f"sMu[lc] = {src}[lc] / F32({cnt!r})")
-            g("cuda.syncthreads()")
-            if not one_pass:
+            if one_pass:
+                # E[d^2] - E[d]^2 cancels about E[d]^2 / var ulps of the variance: where a column's pivot lies
+                # more than ONE_PASS_REDO_SIGMAS standard deviations from its mean (an outlier first value), the
+                # whole CTA takes the exact second round below. The totals are the same in every CTA of a
+                # cluster (peers' partials added in rank order), so the cluster agrees on it.
+                qs = "sGQ" if p.strategy == "mixed" else "sSq"
+                g("far = 0")
+                with g.block(self.columns(T)):
+                    g(f"mu = {src}[lc] / F32({cnt!r})")
+                    g("sMu[lc] = mu")
+                    with g.block(f"if mu * mu > F32({float(ONE_PASS_REDO_SIGMAS ** 2)!r}) * "
+                                 f"({qs}[lc] / F32({cnt!r}) - mu * mu):"):
+                        g("far = 1")
+                g("redo = cuda.syncthreads_or(I32(far))")
+            else:
+                with g.block(self.columns(T)):
+                    g(f"sMu[lc] = {src}[lc] / F32({cnt!r})")
+                g("cuda.syncthreads()")
+            # the exact round: squared deviations from the mean (one pass: only if redo, into the same sSq)
+            with g.block("if redo:") if one_pass else contextlib.nullcontext():
                 for j in range(V):
                     g(f"mu{j} = sMu[min(cx * {V} + {j}, {T - 1})]")
                 for j in range(V):
@@ -2063,6 +2092,10 @@ class _Outer(_Kernel):
                         d2 = f"({names[j]} - mu{j}) * ({names[j]} - mu{j})"
                         terms.append(d2 if ok == "True" else f"{d2} * {masks[ok]}")
                     g(f"q{j} = " + " + ".join(terms))
+                if one_pass:
+                    self.column_total(g, [f"q{j}" for j in range(V)], "sSq", 2)
+                    if p.strategy == "mixed":
+                        self.group_total(g, "sSq", "sGQ")
         elif self.scaled:
             # the registers stay unscaled (y uses the unscaled rstd); only the squares see scl
             self.emit_pivot_table(g)
@@ -2076,8 +2109,9 @@ class _Outer(_Kernel):
             self.smem(g, "sSq", T)
             self.column_total(g, [f"q{j}" for j in range(V)], "sSq", 2)
         if p.strategy == "mixed":
-            self.smem(g, "sGQ", T)
-            self.group_total(g, "sSq", "sGQ")
+            if not one_pass:
+                self.smem(g, "sGQ", T)
+                self.group_total(g, "sSq", "sGQ")
             qsrc = "sGQ"
         else:
             qsrc = "sSq"
@@ -2098,9 +2132,11 @@ class _Outer(_Kernel):
                 wmean = "mean + sPv[lc]" if p.stat == "norm" else "mean"  # written: the unshifted mean
                 if one_pass:
                     # E[d^2] - E[d]^2 of the shifted d = x - pv, floored at 0 by a select (max() would turn
-                    # the NaN of an Inf input into 0)
-                    g(f"vq = {qsrc}[lc] / F32({cnt!r}) - mean * mean")
-                    g("vq = sel(vq < F32(0.0), F32(0.0), vq)")
+                    # the NaN of an Inf input into 0); after the second round, the exact sum of squares
+                    g(f"vq = {qsrc}[lc] / F32({cnt!r})")
+                    with g.block("if not redo:"):
+                        g("vq = vq - mean * mean")
+                        g("vq = sel(vq < F32(0.0), F32(0.0), vq)")
                     self.rstd_of(g, "vq", f"F32({p.eps!r})")
                 else:
                     self.rstd_of(g, f"{qsrc}[lc] / F32({cnt!r})", f"F32({p.eps!r})")
