@@ -105,7 +105,10 @@ OUTER_PERSISTENT_SM_THREADS = 0
 # 9 -> 733 / 96 / 6, row 16 940 / 70 / 6 -> 465 / 62 / 4, but row 58 2,301 / 127 -> 1,800 / 168 (with UNSIGNED_INDEX
 # 95 -> 128 registers). H100, 2026-12-07 (tests/gpu_sweep.py --rows 56,58,54,16,1,3,66,55,0, UNSIGNED_INDEX on,
 # outputs checked against the two-round kernels'), two rounds -> one in us: row 56 23.3 -> 21.0, row 58 10.3 ->
-# 9.3, row 1 (float32) 90.6 -> 83.3, row 16 3.2 -> 3.4; the other rows run other kernels.
+# 9.3, row 1 (float32) 90.6 -> 83.3, row 16 3.2 -> 3.4; the other rows run other kernels. With the exact round
+# behind ONE_PASS_REDO_SIGMAS (below; another H100, tests/gpu_sweep.py --rows 56,58,1,16,54 --case
+# codegen.OUTER_PERSISTENT_ONE_PASS=0), 1 / 0 in us: row 56 20.6 / 22.9, row 58 9.0 / 10.2, row 1 82.6 / 89.2,
+# row 16 3.5 / 3.2.
 OUTER_PERSISTENT_ONE_PASS = 1
 # ... except where a column's pivot (its first value) lies more than this many standard deviations from the
 # column's mean: E[d^2] - E[d]^2 then cancels about (this)^2 ulps of the variance, so the CTA (and its cluster)
