@@ -487,7 +487,7 @@ class _Red(_Emitter):
             mode, f"normc_bwd_{rp.role}_{mode}")
         rev = mode in ("finish", "fused") and rp.reverse  # as in inner_kernel
         self.prologue(g, name, reverse_grid=rp.grid if rev and mode == "finish" else 0)
-        # Column loops stay loops here. Written as ``if tid < T`` (the forward's codegen.COLUMN_IF) they took 0.1-0.4%
+        # Column loops stay loops here. Written as ``if tid < T`` (the forward's codegen.COLUMN_IF) they took 0.2-0.6%
         # fewer instructions on rows 1 and 3 and 11-22% fewer on rows 5 and 66, but no time: H100, 2026-12-07
         # (tests/gpu_backward_ab.py --rows 1,3,5,66,56,0), backward us loop / if: row 1 181.2 / 180.6, row 3 96.2 /
         # 96.9, row 5 454.0 / 455.0, row 66 180.8 / 180.6, row 56 39.7 / 40.7.
