@@ -108,13 +108,20 @@ OUTER_PERSISTENT_SM_THREADS = 0
 # 9.3, row 1 (float32) 90.6 -> 83.3, row 16 3.2 -> 3.4; the other rows run other kernels. With the exact round
 # behind ONE_PASS_REDO_SIGMAS (below; another H100, tests/gpu_sweep.py --rows 56,58,1,16,54 --case
 # codegen.OUTER_PERSISTENT_ONE_PASS=0), 1 / 0 in us: row 56 20.6 / 22.9, row 58 9.0 / 10.2, row 1 82.6 / 89.2,
-# row 16 3.5 / 3.2.
-OUTER_PERSISTENT_ONE_PASS = 1
-# ... except where a column's pivot (its first value) lies more than this many standard deviations from the
-# column's mean: E[d^2] - E[d]^2 then cancels about (this)^2 ulps of the variance, so the CTA (and its cluster)
-# adds the exact second round. An outlier first value 4 sqrt(n) sigma out (tests/test_numerics.py) cost one round
-# 1.5e-4 to 2.7e-4 of rstd on the simulator at n = 576 to 2,304, and grows with n; for data whose pivot is one
-# of its ordinary values the round is almost never taken (|z| > 8 has probability 1e-15 for normal data).
+# row 16 3.5 / 3.2. Off all the same, for accuracy: the one-round variance is about (1 + z^2) times the rounding
+# error of the float32 sum of squares (z: the pivot's distance from the mean in standard deviations), and that
+# sum adds 256-512 partials one after another. A break test on the simulator (2026-12-07): integer-valued
+# float32 data (0..255, an 8-bit image) put rstd off by 2.5e-5 at z = 3 and 1.6e-4 at z = 7.9 (the guard below
+# not taken), where the two rounds are off by 1.6e-7; float32 values near 5e17 overflow the sum of squares to
+# inf (that column NaN) where the two rounds stay finite. Two exact rounds keep docs/accuracy.md's bounds.
+# The next candidate: each thread's exact (mean, M2) over its own registers, merged with Chan's formula in the
+# one exchange.
+OUTER_PERSISTENT_ONE_PASS = 0
+# With OUTER_PERSISTENT_ONE_PASS on: where a column's pivot (its first value) lies more than this many standard
+# deviations from the column's mean, E[d^2] - E[d]^2 cancels at least (this)^2 rounding errors of the sum of
+# squares, so the CTA (and its cluster) adds the exact second round. An outlier first value 4 sqrt(n) sigma
+# out (tests/test_numerics.py) cost one unguarded round 1.5e-4 to 2.7e-4 of rstd on the simulator at n = 576
+# to 2,304; guarded, 3e-7. It does not bound the error below 8 sigma (see above).
 ONE_PASS_REDO_SIGMAS = 8
 # Every kernel's thread and block index: 1 zero-extends the 32-bit special registers to the int64 the source
 # computes in (``I64(U32(cuda.threadIdx.x))``), 0 sign-extends them (Numba types them int32). Zero-extended,

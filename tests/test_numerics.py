@@ -503,15 +503,9 @@ OUTLIER_SHAPES = {"inner-looped": (1, 16384), "inner-split": (1, 16384), "outer-
                   "mixed-persistent": (1, 4, 24, 24), "outer-cluster": (1, 2, 48, 48)}
 
 
-@pytest.mark.parametrize("name", list(OUTLIER_SHAPES))
-def test_outlier_first_value(name):
-    """Each reduction's first value (its pivot) is 4 sqrt(n) above n - 1 standard normal values: sums
-    shifted by that pivot cancel about 16 n^2 ulps of the variance, which is about 17 n (with n = 16384,
-    ~1e-3 relative; y off by up to 6.5e-4 of max|y| when tried). Streaming schedules: Welford or sums shifted
-    by each thread's own first value stay within float32 rounding. Persistent outer/mixed kernels, which sum
-    x - pivot and its square in one round (codegen.OUTER_PERSISTENT_ONE_PASS): the pivot lies more than
-    ONE_PASS_REDO_SIGMAS standard deviations out, so they take the exact second round (one round alone was off
-    by 1.5e-4 to 2.7e-4 of rstd at these sizes)."""
+def outlier_x(name):
+    """(x, shape) for case ``name`` at OUTLIER_SHAPES[name]: each reduction n - 1 standard normal values after a
+    first value (its pivot) of 4 sqrt(n)."""
     shape = OUTLIER_SHAPES[name]
     rng = np.random.default_rng(5)
 
@@ -520,12 +514,40 @@ def test_outlier_first_value(name):
         v[0] = 4 * math.sqrt(n)
         return v
 
-    x = per_reduction(name, shape, fill)
+    return per_reduction(name, shape, fill), shape
+
+
+@pytest.mark.parametrize("name", list(OUTLIER_SHAPES))
+def test_outlier_first_value(name):
+    """Each reduction's first value (its pivot) is 4 sqrt(n) above n - 1 standard normal values: sums
+    shifted by that pivot cancel about 16 n^2 ulps of the variance, which is about 17 n (with n = 16384,
+    ~1e-3 relative; y off by up to 6.5e-4 of max|y| when tried). Streaming schedules: Welford or sums shifted
+    by each thread's own first value stay within float32 rounding; persistent kernels take two exact rounds."""
+    x, shape = outlier_x(name)
     x, sc, sh, y, mean, rstd, ry, rm, rr, _ = run(name, values=x, shape=shape)
     check_y(y, ry, "float32")
     assert np.max(np.abs(rstd - rr) / rr) <= 1e-4
     # the mean is near 0 next to the pivot (pivoted schemes round it to a few ulps of the pivot): 1e-4 std
     assert np.max(np.abs(mean - rm) * rr) <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["outer-persistent", "mixed-persistent", "outer-cluster"])
+def test_one_pass_outlier_takes_the_exact_round(name, monkeypatch):
+    """codegen.OUTER_PERSISTENT_ONE_PASS (off by default) with the outlier pivot of test_outlier_first_value:
+    the pivot lies more than ONE_PASS_REDO_SIGMAS standard deviations from the mean, so the CTA (and its
+    cluster) takes the exact second round and rstd is as accurate as with two rounds (one round alone was off
+    by 1.5e-4 to 2.7e-4 at these sizes)."""
+    from normc.lowering import codegen
+
+    monkeypatch.setattr(codegen, "OUTER_PERSISTENT_ONE_PASS", 1)
+    x, shape = outlier_x(name)
+    x, sc, sh, y, mean, rstd, ry, rm, rr, f = run(name, values=x, shape=shape)
+    from normc.lowering import generate
+
+    src = "".join(k.source for e in f._table.values() for k in generate(e.plan))
+    assert "redo = cuda.syncthreads_or(" in src
+    check_y(y, ry, "float32")
+    assert np.max(np.abs(rstd - rr) / rr) <= 1e-5
 
 
 @pytest.mark.parametrize("name", ["inner-looped", "outer-looped", "outer-split", "mixed-looped"])

@@ -184,8 +184,8 @@ def test_outer_looped_cta_shape():
 def test_thread_and_block_index_zero_extended(monkeypatch):
     """codegen.UNSIGNED_INDEX: %tid.x and %ctaid.x reach int64 zero-extended (1, the default) or sign-extended
     (0). Zero-extended, LLVM drops the floor corrections of // and % and Numba's negative-index wrap of shared
-    arrays: NHWC group norm (8, 640, 32, 32) float16 (row 56, mixed persistent) takes 2,041 PTX instructions
-    and 94 registers against 2,511 and 120 (2026-12-07; about 400 fewer with two statistics rounds)."""
+    arrays: NHWC group norm (8, 640, 32, 32) float16 (row 56, mixed persistent) takes 1,727 PTX instructions
+    and 94 registers against 2,118 and 114 (2026-12-07)."""
     r = ROWS[56]
     plan = plan_for(_row_spec(r), r["shape"], r["dtype"], layout=r["memory_perm"])
     got = {}
