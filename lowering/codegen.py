@@ -117,6 +117,14 @@ OUTER_PERSISTENT_SM_THREADS = 0
 # The next candidate: each thread's exact (mean, M2) over its own registers, merged with Chan's formula in the
 # one exchange.
 OUTER_PERSISTENT_ONE_PASS = 0
+# Outer/mixed persistent kernels, norm statistic, unscaled dtypes: 1 takes the statistics in one exchange without
+# E[d^2] - E[d]^2: each thread's exact (mean, M2) over its own registers (a second pass over them, no barrier),
+# the y-threads' and then the cluster's partials merged exactly (mean of the partial means weighted by their
+# counts, then M2 = sum of M2_k + n_k (mean_k - mean)^2, both sums read by the same thread: no barrier between).
+# One barrier round and one cluster exchange fewer than two rounds, with two rounds' accuracy
+# (tests/test_numerics.py runs the quantized and outlier cases with it). Prepared 2026-12-07 with no GPU left
+# to time it: tests/gpu_sweep.py --rows 56,58,1,16 --case codegen.OUTER_PERSISTENT_MERGE=1.
+OUTER_PERSISTENT_MERGE = 0
 # With OUTER_PERSISTENT_ONE_PASS on: where a column's pivot (its first value) lies more than this many standard
 # deviations from the column's mean, E[d^2] - E[d]^2 cancels at least (this)^2 rounding errors of the sum of
 # squares, so the CTA (and its cluster) adds the exact second round. An outlier first value 4 sqrt(n) sigma
@@ -2023,6 +2031,99 @@ class _Outer(_Kernel):
             g(f"{dst}[lc] = tot")
         g("cuda.syncthreads()")
 
+    def squared_deviations(self, g, out, centre, masks):
+        """``{out}{j}`` = the sum over this thread's register rows of (value - ``{centre}{j}``)^2 for each of its
+        V columns, masked rows (``masks``: row condition -> its 0/1 float) adding nothing."""
+        for j in range(self.V):
+            terms = []
+            for ok, names, _ in self.px:
+                d2 = f"({names[j]} - {centre}{j}) * ({names[j]} - {centre}{j})"
+                terms.append(d2 if ok == "True" else f"{d2} * {masks[ok]}")
+            g(f"{out}{j} = " + " + ".join(terms))
+
+    def merged_moments(self, g, masks):
+        """OUTER_PERSISTENT_MERGE: the norm statistics of the registers (which hold d = x - pivot, masked rows 0;
+        ``u{j}`` their per-thread sums) in one exchange, leaving ``sMu[lc]`` = the mean of d over column lc's
+        reduction (its group's, for mixed) and ``sSq[lc]`` (mixed: ``sGQ[lc]``) = the sum of squared deviations
+        from it, as the two exact rounds do.
+
+        Each thread takes its count n_t, mean m_t and M2_t = sum (d - m_t)^2 over its own registers. Partials
+        (n_k, m_k, M2_k) merge exactly: m = sum n_k m_k / sum n_k, then M2 = sum M2_k + n_k (m_k - m)^2, both
+        sums read by one thread (no barrier between), first over the CTA's y-threads, then with a cluster over
+        its CTAs in rank order (every CTA gets the same result). For mixed, the G columns of a group (equal
+        counts) merge the same way."""
+        p, V, T, C, RY = self.p, self.V, self.p.tile, self.p.cluster, self.p.ry
+        counts = ["F32(1.0)" if ok == "True" else masks[ok] for ok, _, _ in self.px]
+        g("nt = " + " + ".join(counts))
+        g("rnt = F32(1.0) / max(nt, F32(1.0))")
+        for j in range(V):
+            g(f"tm{j} = u{j} * rnt")
+        self.squared_deviations(g, "w", "tm", masks)
+        self.smem(g, "sRm", RY * T)
+        self.smem(g, "sRw", RY * T)
+        self.smem(g, "sRn", RY)
+        with g.block("if act:"):
+            for j in range(V):
+                g(f"sRm[ry * {T} + cx * {V} + {j}] = tm{j}")
+                g(f"sRw[ry * {T} + cx * {V} + {j}] = w{j}")
+            with g.block("if cx == 0:"):
+                g("sRn[ry] = nt")
+        g("cuda.syncthreads()")
+        col = "sCm" if p.strategy == "mixed" else "sMu"
+        self.smem(g, col, T)
+        self.smem(g, "sSq", T)
+
+        def merge(parts, n_of, m_of, w_of):
+            # parts: the range header of k; n_of/m_of/w_of(k): expressions of partial k
+            g(f"mn = {n_of('0')}")
+            g(f"ms = {n_of('0')} * {m_of('0')}")
+            with g.block(f"for k in range(1, {parts}):"):
+                g(f"mn = mn + {n_of('k')}")
+                g(f"ms = ms + {n_of('k')} * {m_of('k')}")
+            g("mm = ms / max(mn, F32(1.0))")
+            g("mq = F32(0.0)")
+            with g.block(f"for k in range({parts}):"):
+                g(f"dm = {m_of('k')} - mm")
+                g(f"mq = mq + {w_of('k')} + {n_of('k')} * dm * dm")
+
+        with g.block(self.columns(T)):
+            merge(RY, lambda k: f"sRn[{k}]", lambda k: f"sRm[{k} * {T} + lc]", lambda k: f"sRw[{k} * {T} + lc]")
+            if C > 1:
+                g("sPn[lc] = mn")
+                g("sPm[lc] = mm")
+                g("sPq[lc] = mq")
+            else:
+                g(f"{col}[lc] = mm")
+                g("sSq[lc] = mq")
+        if C > 1:
+            for a in ("sPn", "sPm", "sPq"):
+                self.smem(g, a, T)
+            g("cluster_arrive()")
+            g("cluster_wait()")
+            with g.block(self.columns(T)):
+                merge(C, lambda k: f"dsmem_ld(sPn, lc, {k})", lambda k: f"dsmem_ld(sPm, lc, {k})",
+                      lambda k: f"dsmem_ld(sPq, lc, {k})")
+                g(f"{col}[lc] = mm")
+                g("sSq[lc] = mq")
+        g("cuda.syncthreads()")
+        if p.strategy == "mixed":
+            G, per_col = self.G, float(self.RR)
+            self.smem(g, "sMu", T)
+            self.smem(g, "sGQ", T)
+            with g.block(self.columns(T)):
+                g(f"g0 = (lc // {G}) * {G}")
+                g("gs = sCm[g0]")
+                with g.block(f"for k in range(1, {G}):"):
+                    g("gs = gs + sCm[g0 + k]")
+                g(f"gm = gs / F32({float(G)!r})")
+                g("gq = F32(0.0)")
+                with g.block(f"for k in range({G}):"):
+                    g("dm = sCm[g0 + k] - gm")
+                    g(f"gq = gq + sSq[g0 + k] + F32({per_col!r}) * dm * dm")
+                g("sMu[lc] = gm")
+                g("sGQ[lc] = gq")
+            g("cuda.syncthreads()")
+
     def persistent(self):
         """x held in registers, read once. Statistics in two exact passes over the registers: column sums
         -> mean, then sums of squared deviations -> variance (rms: sums of squares only); under
@@ -2038,7 +2139,8 @@ class _Outer(_Kernel):
         self.setup(g, "normc_outer", splits=C)
         self.emit_rows_accumulate(g)  # persistent: loads into registers (self.px)
         # one round of sums for the shifted values and their squares (OUTER_PERSISTENT_ONE_PASS), else two
-        one_pass = p.stat == "norm" and bool(OUTER_PERSISTENT_ONE_PASS) and not self.scaled
+        merged = p.stat == "norm" and bool(OUTER_PERSISTENT_MERGE) and not self.scaled
+        one_pass = p.stat == "norm" and bool(OUTER_PERSISTENT_ONE_PASS) and not self.scaled and not merged
         if p.stat == "norm":
             # registers hold x - pivot (masked lanes 0); means are of shifted values until written out
             # masked rows: values times their 0/1 mask (one F32() per row, not a select per value)
@@ -2053,59 +2155,57 @@ class _Outer(_Kernel):
             self.emit_pivot_table(g)
             for j in range(V):
                 g(f"u{j} = " + " + ".join(names[j] for _, names, _ in self.px))
-            if one_pass:
-                # masked rows hold 0, so their squares add nothing either
-                for j in range(V):
-                    g(f"q{j} = " + " + ".join(f"{names[j]} * {names[j]}" for _, names, _ in self.px))
-            self.smem(g, "sSum", T)
-            if one_pass:
-                self.smem(g, "sSq", T)
-                self.column_totals(g, [([f"u{j}" for j in range(V)], "sSum"), ([f"q{j}" for j in range(V)], "sSq")],
-                                   1)
+            if merged:
+                self.merged_moments(g, masks)
             else:
-                self.column_total(g, [f"u{j}" for j in range(V)], "sSum", 1)
-            if p.strategy == "mixed":
-                self.smem(g, "sGS", T)
-                self.group_total(g, "sSum", "sGS")
-                src = "sGS"
                 if one_pass:
-                    self.smem(g, "sGQ", T)
-                    self.group_total(g, "sSq", "sGQ")
-            else:
-                src = "sSum"
-            self.smem(g, "sMu", T)
-            if one_pass:
-                # E[d^2] - E[d]^2 cancels about E[d]^2 / var ulps of the variance: where a column's pivot lies
-                # more than ONE_PASS_REDO_SIGMAS standard deviations from its mean (an outlier first value), the
-                # whole CTA takes the exact second round below. The totals are the same in every CTA of a
-                # cluster (peers' partials added in rank order), so the cluster agrees on it.
-                qs = "sGQ" if p.strategy == "mixed" else "sSq"
-                g("far = 0")
-                with g.block(self.columns(T)):
-                    g(f"mu = {src}[lc] / F32({cnt!r})")
-                    g("sMu[lc] = mu")
-                    with g.block(f"if mu * mu > F32({float(ONE_PASS_REDO_SIGMAS ** 2)!r}) * "
-                                 f"({qs}[lc] / F32({cnt!r}) - mu * mu):"):
-                        g("far = 1")
-                g("redo = cuda.syncthreads_or(I32(far))")
-            else:
-                with g.block(self.columns(T)):
-                    g(f"sMu[lc] = {src}[lc] / F32({cnt!r})")
-                g("cuda.syncthreads()")
-            # the exact round: squared deviations from the mean (one pass: only if redo, into the same sSq)
-            with g.block("if redo:") if one_pass else contextlib.nullcontext():
-                for j in range(V):
-                    g(f"mu{j} = sMu[min(cx * {V} + {j}, {T - 1})]")
-                for j in range(V):
-                    terms = []
-                    for ok, names, _ in self.px:
-                        d2 = f"({names[j]} - mu{j}) * ({names[j]} - mu{j})"
-                        terms.append(d2 if ok == "True" else f"{d2} * {masks[ok]}")
-                    g(f"q{j} = " + " + ".join(terms))
+                    # masked rows hold 0, so their squares add nothing either
+                    for j in range(V):
+                        g(f"q{j} = " + " + ".join(f"{names[j]} * {names[j]}" for _, names, _ in self.px))
+                self.smem(g, "sSum", T)
                 if one_pass:
-                    self.column_total(g, [f"q{j}" for j in range(V)], "sSq", 2)
-                    if p.strategy == "mixed":
+                    self.smem(g, "sSq", T)
+                    self.column_totals(g, [([f"u{j}" for j in range(V)], "sSum"), ([f"q{j}" for j in range(V)], "sSq")],
+                                       1)
+                else:
+                    self.column_total(g, [f"u{j}" for j in range(V)], "sSum", 1)
+                if p.strategy == "mixed":
+                    self.smem(g, "sGS", T)
+                    self.group_total(g, "sSum", "sGS")
+                    src = "sGS"
+                    if one_pass:
+                        self.smem(g, "sGQ", T)
                         self.group_total(g, "sSq", "sGQ")
+                else:
+                    src = "sSum"
+                self.smem(g, "sMu", T)
+                if one_pass:
+                    # E[d^2] - E[d]^2 cancels about E[d]^2 / var ulps of the variance: where a column's pivot lies
+                    # more than ONE_PASS_REDO_SIGMAS standard deviations from its mean (an outlier first value), the
+                    # whole CTA takes the exact second round below. The totals are the same in every CTA of a
+                    # cluster (peers' partials added in rank order), so the cluster agrees on it.
+                    qs = "sGQ" if p.strategy == "mixed" else "sSq"
+                    g("far = 0")
+                    with g.block(self.columns(T)):
+                        g(f"mu = {src}[lc] / F32({cnt!r})")
+                        g("sMu[lc] = mu")
+                        with g.block(f"if mu * mu > F32({float(ONE_PASS_REDO_SIGMAS ** 2)!r}) * "
+                                     f"({qs}[lc] / F32({cnt!r}) - mu * mu):"):
+                            g("far = 1")
+                    g("redo = cuda.syncthreads_or(I32(far))")
+                else:
+                    with g.block(self.columns(T)):
+                        g(f"sMu[lc] = {src}[lc] / F32({cnt!r})")
+                    g("cuda.syncthreads()")
+                # the exact round: squared deviations from the mean (one pass: only if redo, into the same sSq)
+                with g.block("if redo:") if one_pass else contextlib.nullcontext():
+                    for j in range(V):
+                        g(f"mu{j} = sMu[min(cx * {V} + {j}, {T - 1})]")
+                    self.squared_deviations(g, "q", "mu", masks)
+                    if one_pass:
+                        self.column_total(g, [f"q{j}" for j in range(V)], "sSq", 2)
+                        if p.strategy == "mixed":
+                            self.group_total(g, "sSq", "sGQ")
         elif self.scaled:
             # the registers stay unscaled (y uses the unscaled rstd); only the squares see scl
             self.emit_pivot_table(g)
@@ -2115,11 +2215,11 @@ class _Outer(_Kernel):
         else:
             for j in range(V):
                 g(f"q{j} = " + " + ".join(f"{names[j]} * {names[j]}" for _, names, _ in self.px))
-        if not one_pass:  # one pass: sSq was summed with sSum
+        if not one_pass and not merged:  # one pass: sSq was summed with sSum; merged: M2 is in sSq
             self.smem(g, "sSq", T)
             self.column_total(g, [f"q{j}" for j in range(V)], "sSq", 2)
         if p.strategy == "mixed":
-            if not one_pass:
+            if not one_pass and not merged:
                 self.smem(g, "sGQ", T)
                 self.group_total(g, "sSq", "sGQ")
             qsrc = "sGQ"

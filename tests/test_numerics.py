@@ -550,6 +550,36 @@ def test_one_pass_outlier_takes_the_exact_round(name, monkeypatch):
     assert np.max(np.abs(rstd - rr) / rr) <= 1e-5
 
 
+@pytest.mark.parametrize("name", ["outer-persistent", "mixed-persistent", "outer-cluster"])
+@pytest.mark.parametrize("data", ["outlier", "quantized"])
+def test_merged_moments_keep_two_round_accuracy(name, data, monkeypatch):
+    """codegen.OUTER_PERSISTENT_MERGE (off by default): the persistent outer/mixed kernels' one-exchange
+    statistics, with exact per-thread M2s merged exactly, stay as accurate as two rounds on the inputs that
+    broke E[d^2] - E[d]^2: the outlier pivot of test_outlier_first_value, and 8-bit integer values (0..255)
+    whose first value lies 7.9 standard deviations out (one round: rstd off by up to 1.6e-4)."""
+    from normc.lowering import codegen
+
+    monkeypatch.setattr(codegen, "OUTER_PERSISTENT_MERGE", 1)
+    if data == "outlier":
+        x, shape = outlier_x(name)
+    else:
+        shape = OUTLIER_SHAPES[name]
+        rng = np.random.default_rng(7)
+
+        def fill(i, n):
+            v = rng.integers(0, 256, n).astype(np.float64)
+            v[0] = v.mean() + 7.9 * v.std()
+            return v
+
+        x = per_reduction(name, shape, fill)
+    x, sc, sh, y, mean, rstd, ry, rm, rr, f = run(name, values=x, shape=shape)
+    from normc.lowering import generate
+
+    assert all("sRn[ry] = nt" in k.source for e in f._table.values() for k in generate(e.plan))
+    check_y(y, ry, "float32")
+    assert np.max(np.abs(rstd - rr) / rr) <= 1e-6
+
+
 @pytest.mark.parametrize("name", ["inner-looped", "outer-looped", "outer-split", "mixed-looped"])
 def test_huge_values_with_idle_threads_streaming(name):
     """Streaming schedules with threads that see no value (most of them, at these sizes) on reductions
