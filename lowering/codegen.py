@@ -26,7 +26,6 @@ number of blocks; a 64-value persistent kernel went from 8.3 s to 1.6 s).
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass, replace
 
@@ -96,41 +95,18 @@ MIXED_TWO_PIVOTS = 1
 # keeps row 1's bound (36 bytes) and should drop the group norm rows' (172-260 bytes): row 1 89.9 -> 90.1 and
 # 90.9 -> 90.5 us (no gain), docs/performance.md.
 OUTER_PERSISTENT_SM_THREADS = 0
-# Outer/mixed persistent kernels, norm statistic, unscaled dtypes: 1 sums the registers' shifted values (x - the
-# column's pivot) and their squares in one round (one shared-memory pass, one cluster barrier, one DSMEM
-# exchange; variance = E[(x - pv)^2] - E[x - pv]^2, the streaming kernels' shifted sums), where 0 takes two exact
-# rounds (sums, then squared deviations from the mean). Row 56's cluster kernel spends its time in those
-# latency-bound rounds (ncu: 22.5% achieved occupancy, 36.5% issue-slot use). PTX instructions / registers /
-# barriers (nvJitLink, sm_90), two rounds -> one: row 56 2,095 / 114 / 11 -> 1,581 / 128 / 8, row 1 882 / 94 /
-# 9 -> 733 / 96 / 6, row 16 940 / 70 / 6 -> 465 / 62 / 4, but row 58 2,301 / 127 -> 1,800 / 168 (with UNSIGNED_INDEX
-# 95 -> 128 registers). H100, 2026-12-07 (tests/gpu_sweep.py --rows 56,58,54,16,1,3,66,55,0, UNSIGNED_INDEX on,
-# outputs checked against the two-round kernels'), two rounds -> one in us: row 56 23.3 -> 21.0, row 58 10.3 ->
-# 9.3, row 1 (float32) 90.6 -> 83.3, row 16 3.2 -> 3.4; the other rows run other kernels. With the exact round
-# behind ONE_PASS_REDO_SIGMAS (below; another H100, tests/gpu_sweep.py --rows 56,58,1,16,54 --case
-# codegen.OUTER_PERSISTENT_ONE_PASS=0), 1 / 0 in us: row 56 20.6 / 22.9, row 58 9.0 / 10.2, row 1 82.6 / 89.2,
-# row 16 3.5 / 3.2. Off all the same, for accuracy: the one-round variance is about (1 + z^2) times the rounding
-# error of the float32 sum of squares (z: the pivot's distance from the mean in standard deviations), and that
-# sum adds 256-512 partials one after another. A break test on the simulator (2026-12-07): integer-valued
-# float32 data (0..255, an 8-bit image) put rstd off by 2.5e-5 at z = 3 and 1.6e-4 at z = 7.9 (the guard below
-# not taken), where the two rounds are off by 1.6e-7; float32 values near 5e17 overflow the sum of squares to
-# inf (that column NaN) where the two rounds stay finite. Two exact rounds keep docs/accuracy.md's bounds.
-# The next candidate: each thread's exact (mean, M2) over its own registers, merged with Chan's formula in the
-# one exchange.
-OUTER_PERSISTENT_ONE_PASS = 0
 # Outer/mixed persistent kernels, norm statistic, unscaled dtypes: 1 takes the statistics in one exchange without
-# E[d^2] - E[d]^2: each thread's exact (mean, M2) over its own registers (a second pass over them, no barrier),
+# E[d^2] - E[d]^2. (That difference, summed in one round over x - pivot, was timed on an H100 on 2026-12-07 at
+# row 56 20.6 against 22.9 us for two rounds, row 58 9.0 / 10.2, row 1 82.6 / 89.2, but lost digits: 8-bit
+# integer data put rstd off by 2.5e-5 to 1.6e-4 against 1.6e-7, even with an exact round redone where the pivot
+# lay > 8 sigma out, and float32 near 5e17 overflowed its sum of squares; removed, docs/performance.md.) Instead
+# each thread's exact (mean, M2) over its own registers (a second pass over them, no barrier),
 # the y-threads' and then the cluster's partials merged exactly (mean of the partial means weighted by their
 # counts, then M2 = sum of M2_k + n_k (mean_k - mean)^2, both sums read by the same thread: no barrier between).
 # One barrier round and one cluster exchange fewer than two rounds, with two rounds' accuracy
 # (tests/test_numerics.py runs the quantized and outlier cases with it). Prepared 2026-12-07 with no GPU left
 # to time it: tests/gpu_sweep.py --rows 56,58,1,16 --case codegen.OUTER_PERSISTENT_MERGE=1.
 OUTER_PERSISTENT_MERGE = 0
-# With OUTER_PERSISTENT_ONE_PASS on: where a column's pivot (its first value) lies more than this many standard
-# deviations from the column's mean, E[d^2] - E[d]^2 cancels at least (this)^2 rounding errors of the sum of
-# squares, so the CTA (and its cluster) adds the exact second round. An outlier first value 4 sqrt(n) sigma
-# out (tests/test_numerics.py) cost one unguarded round 1.5e-4 to 2.7e-4 of rstd on the simulator at n = 576
-# to 2,304; guarded, 3e-7. It does not bound the error below 8 sigma (see above).
-ONE_PASS_REDO_SIGMAS = 8
 # Every kernel's thread and block index: 1 zero-extends the 32-bit special registers to the int64 the source
 # computes in (``I64(U32(cuda.threadIdx.x))``), 0 sign-extends them (Numba types them int32). Zero-extended,
 # LLVM knows every index derived from them is non-negative, so it drops what Python semantics cost on signed
@@ -2127,9 +2103,8 @@ class _Outer(_Kernel):
     def persistent(self):
         """x held in registers, read once. Statistics in two exact passes over the registers: column sums
         -> mean, then sums of squared deviations -> variance (rms: sums of squares only); under
-        OUTER_PERSISTENT_ONE_PASS (norm, unscaled dtypes) one pass of shifted sums and their squares, plus the
-        exact second pass when some column's pivot lies more than ONE_PASS_REDO_SIGMAS standard deviations
-        from its mean (a CTA-wide ``syncthreads_or``, the same in every CTA of a cluster). Each pass is a
+        OUTER_PERSISTENT_MERGE (norm, unscaled dtypes) one exchange of exact per-thread moments
+        (:meth:`merged_moments`). Each pass is a
         plain sum over the CTA's y-threads and, with ``plan.cluster`` = C > 1, over the C CTAs of the
         cluster (each CTA holds a slice of the rows, as ``setup`` assigns them) through distributed shared
         memory. The mixed strategy sums the columns of each group afterwards. Count per column: all rows."""
@@ -2138,9 +2113,8 @@ class _Outer(_Kernel):
         g = _Src()
         self.setup(g, "normc_outer", splits=C)
         self.emit_rows_accumulate(g)  # persistent: loads into registers (self.px)
-        # one round of sums for the shifted values and their squares (OUTER_PERSISTENT_ONE_PASS), else two
+        # one exchange of exactly merged per-thread moments (OUTER_PERSISTENT_MERGE), else two rounds
         merged = p.stat == "norm" and bool(OUTER_PERSISTENT_MERGE) and not self.scaled
-        one_pass = p.stat == "norm" and bool(OUTER_PERSISTENT_ONE_PASS) and not self.scaled and not merged
         if p.stat == "norm":
             # registers hold x - pivot (masked lanes 0); means are of shifted values until written out
             # masked rows: values times their 0/1 mask (one F32() per row, not a select per value)
@@ -2158,54 +2132,21 @@ class _Outer(_Kernel):
             if merged:
                 self.merged_moments(g, masks)
             else:
-                if one_pass:
-                    # masked rows hold 0, so their squares add nothing either
-                    for j in range(V):
-                        g(f"q{j} = " + " + ".join(f"{names[j]} * {names[j]}" for _, names, _ in self.px))
                 self.smem(g, "sSum", T)
-                if one_pass:
-                    self.smem(g, "sSq", T)
-                    self.column_totals(g, [([f"u{j}" for j in range(V)], "sSum"), ([f"q{j}" for j in range(V)], "sSq")],
-                                       1)
-                else:
-                    self.column_total(g, [f"u{j}" for j in range(V)], "sSum", 1)
+                self.column_total(g, [f"u{j}" for j in range(V)], "sSum", 1)
                 if p.strategy == "mixed":
                     self.smem(g, "sGS", T)
                     self.group_total(g, "sSum", "sGS")
                     src = "sGS"
-                    if one_pass:
-                        self.smem(g, "sGQ", T)
-                        self.group_total(g, "sSq", "sGQ")
                 else:
                     src = "sSum"
                 self.smem(g, "sMu", T)
-                if one_pass:
-                    # E[d^2] - E[d]^2 cancels about E[d]^2 / var ulps of the variance: where a column's pivot lies
-                    # more than ONE_PASS_REDO_SIGMAS standard deviations from its mean (an outlier first value), the
-                    # whole CTA takes the exact second round below. The totals are the same in every CTA of a
-                    # cluster (peers' partials added in rank order), so the cluster agrees on it.
-                    qs = "sGQ" if p.strategy == "mixed" else "sSq"
-                    g("far = 0")
-                    with g.block(self.columns(T)):
-                        g(f"mu = {src}[lc] / F32({cnt!r})")
-                        g("sMu[lc] = mu")
-                        with g.block(f"if mu * mu > F32({float(ONE_PASS_REDO_SIGMAS ** 2)!r}) * "
-                                     f"({qs}[lc] / F32({cnt!r}) - mu * mu):"):
-                            g("far = 1")
-                    g("redo = cuda.syncthreads_or(I32(far))")
-                else:
-                    with g.block(self.columns(T)):
-                        g(f"sMu[lc] = {src}[lc] / F32({cnt!r})")
-                    g("cuda.syncthreads()")
-                # the exact round: squared deviations from the mean (one pass: only if redo, into the same sSq)
-                with g.block("if redo:") if one_pass else contextlib.nullcontext():
-                    for j in range(V):
-                        g(f"mu{j} = sMu[min(cx * {V} + {j}, {T - 1})]")
-                    self.squared_deviations(g, "q", "mu", masks)
-                    if one_pass:
-                        self.column_total(g, [f"q{j}" for j in range(V)], "sSq", 2)
-                        if p.strategy == "mixed":
-                            self.group_total(g, "sSq", "sGQ")
+                with g.block(self.columns(T)):
+                    g(f"sMu[lc] = {src}[lc] / F32({cnt!r})")
+                g("cuda.syncthreads()")
+                for j in range(V):
+                    g(f"mu{j} = sMu[min(cx * {V} + {j}, {T - 1})]")
+                self.squared_deviations(g, "q", "mu", masks)
         elif self.scaled:
             # the registers stay unscaled (y uses the unscaled rstd); only the squares see scl
             self.emit_pivot_table(g)
@@ -2215,11 +2156,11 @@ class _Outer(_Kernel):
         else:
             for j in range(V):
                 g(f"q{j} = " + " + ".join(f"{names[j]} * {names[j]}" for _, names, _ in self.px))
-        if not one_pass and not merged:  # one pass: sSq was summed with sSum; merged: M2 is in sSq
+        if not merged:  # merged: M2 is in sSq (sGQ) already
             self.smem(g, "sSq", T)
             self.column_total(g, [f"q{j}" for j in range(V)], "sSq", 2)
         if p.strategy == "mixed":
-            if not one_pass and not merged:
+            if not merged:
                 self.smem(g, "sGQ", T)
                 self.group_total(g, "sSq", "sGQ")
             qsrc = "sGQ"
@@ -2240,16 +2181,7 @@ class _Outer(_Kernel):
             else:
                 g("mean = sMu[lc]" if p.stat == "norm" else "mean = F32(0.0)")
                 wmean = "mean + sPv[lc]" if p.stat == "norm" else "mean"  # written: the unshifted mean
-                if one_pass:
-                    # E[d^2] - E[d]^2 of the shifted d = x - pv, floored at 0 by a select (max() would turn
-                    # the NaN of an Inf input into 0); after the second round, the exact sum of squares
-                    g(f"vq = {qsrc}[lc] / F32({cnt!r})")
-                    with g.block("if not redo:"):
-                        g("vq = vq - mean * mean")
-                        g("vq = sel(vq < F32(0.0), F32(0.0), vq)")
-                    self.rstd_of(g, "vq", f"F32({p.eps!r})")
-                else:
-                    self.rstd_of(g, f"{qsrc}[lc] / F32({cnt!r})", f"F32({p.eps!r})")
+                self.rstd_of(g, f"{qsrc}[lc] / F32({cnt!r})", f"F32({p.eps!r})")
             if p.stats:
                 if p.strategy == "mixed":
                     gst = self.block[0].stat

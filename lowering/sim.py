@@ -208,12 +208,6 @@ class _ClusterCuda:
         threading.current_thread().syncthreads()
 
     @staticmethod
-    def syncthreads_or(predicate):
-        """``__syncthreads_or`` over the whole simulated block (all C CTAs): the kernels' predicates agree across
-        a cluster's CTAs, so this equals each CTA's own."""
-        return threading.current_thread().syncthreads_or(predicate)
-
-    @staticmethod
     def threadfence():
         """Python threads see each other's numpy writes at once: nothing to order."""
 

@@ -532,31 +532,13 @@ def test_outlier_first_value(name):
 
 
 @pytest.mark.parametrize("name", ["outer-persistent", "mixed-persistent", "outer-cluster"])
-def test_one_pass_outlier_takes_the_exact_round(name, monkeypatch):
-    """codegen.OUTER_PERSISTENT_ONE_PASS (off by default) with the outlier pivot of test_outlier_first_value:
-    the pivot lies more than ONE_PASS_REDO_SIGMAS standard deviations from the mean, so the CTA (and its
-    cluster) takes the exact second round and rstd is as accurate as with two rounds (one round alone was off
-    by 1.5e-4 to 2.7e-4 at these sizes)."""
-    from normc.lowering import codegen
-
-    monkeypatch.setattr(codegen, "OUTER_PERSISTENT_ONE_PASS", 1)
-    x, shape = outlier_x(name)
-    x, sc, sh, y, mean, rstd, ry, rm, rr, f = run(name, values=x, shape=shape)
-    from normc.lowering import generate
-
-    src = "".join(k.source for e in f._table.values() for k in generate(e.plan))
-    assert "redo = cuda.syncthreads_or(" in src
-    check_y(y, ry, "float32")
-    assert np.max(np.abs(rstd - rr) / rr) <= 1e-5
-
-
-@pytest.mark.parametrize("name", ["outer-persistent", "mixed-persistent", "outer-cluster"])
 @pytest.mark.parametrize("data", ["outlier", "quantized"])
 def test_merged_moments_keep_two_round_accuracy(name, data, monkeypatch):
     """codegen.OUTER_PERSISTENT_MERGE (off by default): the persistent outer/mixed kernels' one-exchange
     statistics, with exact per-thread M2s merged exactly, stay as accurate as two rounds on the inputs that
-    broke E[d^2] - E[d]^2: the outlier pivot of test_outlier_first_value, and 8-bit integer values (0..255)
-    whose first value lies 7.9 standard deviations out (one round: rstd off by up to 1.6e-4)."""
+    broke E[d^2] - E[d]^2 summed in one round (since removed): the outlier pivot of test_outlier_first_value
+    (rstd off by up to 2.7e-4 there), and 8-bit integer values (0..255) whose first value lies 7.9 standard
+    deviations out (off by up to 1.6e-4)."""
     from normc.lowering import codegen
 
     monkeypatch.setattr(codegen, "OUTER_PERSISTENT_MERGE", 1)

@@ -433,33 +433,6 @@ def test_outer_looped_reread_takes_the_plans_unroll(monkeypatch):
     assert k.source.count(f"for base in range(r0 + ry, r1, {8 * plan.ry}):") == 2
 
 
-@pytest.mark.parametrize("text, shape, dtype, sizes, schedule, strategy, one_pass", [
-    (IN2, (2, 3, 5, 6), "float32", {}, None, "outer", True),
-    (IN2, (2, 3, 5, 6), "float32", {}, "cluster", "outer", True),
-    (IN2, (2, 3, 40, 6), "float16", {}, None, "outer", True),
-    (GN, (2, 12, 4, 4), "float32", {"g": 2}, None, "mixed", True),
-    (GN, (2, 24, 3, 3), "float16", {"g": 2}, None, "mixed", True),
-    (GN, (2, 12, 4, 4), "bfloat16", {"g": 2}, None, "mixed", False),
-], ids=["outer", "outer-cluster", "outer-f16", "mixed", "mixed-f16", "mixed-bf16-scaled"])
-def test_outer_persistent_one_pass(text, shape, dtype, sizes, schedule, strategy, one_pass, monkeypatch):
-    """codegen.OUTER_PERSISTENT_ONE_PASS: the persistent outer/mixed kernel sums the shifted values and their
-    squares in one round (one barrier, one cluster exchange) and keeps y and the statistics equal to float64's,
-    also where the mean is large against the spread (loc 2, scale 1); bfloat16 (scaled statistics) keeps its
-    two rounds. The one-round kernels carry the exact second round behind ``syncthreads_or`` (taken only for
-    a pivot far from its column's mean: tests/test_numerics.py::test_outlier_first_value)."""
-    from normc.lowering import codegen, generate
-
-    monkeypatch.setattr(codegen, "OUTER_PERSISTENT_ONE_PASS", 1)
-    x = make_x(shape, dtype, perm=NHWC, loc=2.0)
-    want = "persistent" if schedule in (None, "cluster") else schedule
-    *_, plan = run_case(_spec(text, **sizes), x, schedule=schedule, expect=(strategy, want))
-    assert (plan.cluster > 1) == (schedule == "cluster")
-    src = "\n".join(k.source for k in generate(plan))
-    assert ("sR1a" in src and "redo = cuda.syncthreads_or(" in src) == one_pass
-    assert "sR2" in src  # the second round: always in two rounds, behind ``if redo:`` in one
-    assert ("dsmem_ld(sP1b" in src) == (one_pass and plan.cluster > 1)
-
-
 @pytest.mark.parametrize("text, shape, dtype, sizes, schedule, strategy, merged", [
     (IN2, (2, 3, 5, 6), "float32", {}, None, "outer", True),
     (IN2, (2, 3, 5, 6), "float32", {}, "cluster", "outer", True),
@@ -485,13 +458,12 @@ def test_outer_persistent_merged_moments(text, shape, dtype, sizes, schedule, st
     assert ("dsmem_ld(sPq" in src) == (merged and plan.cluster > 1)
 
 
-def test_outer_persistent_one_pass_keeps_nan_rows(monkeypatch):
-    """An Inf in a column makes that column's statistics and y NaN in one pass too, and leaves the other columns
-    finite. (The variance's floor at 0 is a select because the GPU's max() would turn NaN into 0; the
-    simulator's Python max keeps NaN either way, so only a GPU can check that choice.)"""
+def test_outer_persistent_merged_moments_keep_nan_rows(monkeypatch):
+    """An Inf in a column makes that column's statistics and y NaN with merged moments too
+    (codegen.OUTER_PERSISTENT_MERGE), and leaves the other columns finite."""
     from normc.lowering import codegen
 
-    monkeypatch.setattr(codegen, "OUTER_PERSISTENT_ONE_PASS", 1)
+    monkeypatch.setattr(codegen, "OUTER_PERSISTENT_MERGE", 1)
     x = make_x((2, 3, 5, 6), "float32", perm=NHWC)
     x[0, 1, 2, 3] = np.inf
     f = normc.compile(IN2)
