@@ -445,7 +445,7 @@ class Compiled:
             for k in entry.kernels:
                 k.launcher(s, *ptrs)
             if fk is not None and fk[5] is not False and fk[6] is not False:
-                self._fast[fk] = _torch_fast_path(entry, xi.device, return_stats)
+                self._fast[fk] = _torch_fast_path(entry, xi.device, return_stats, like=x)
         elif math.prod(xi.shape) > 0:
             from .simulate import run
 
@@ -656,10 +656,15 @@ def _torch_raw_stream():
     return raw_stream
 
 
-def _torch_fast_path(entry, device, stats=False):
+def _torch_fast_path(entry, device, stats=False, like=None):
     """A closure ``fast(x, scale, shift)`` that allocates y (and, with ``stats``, the float32 mean and rstd of
     shape ``entry.stat_shape``) and launches ``entry``'s kernels for torch tensors, with nothing else; it
-    returns what :meth:`Compiled.__call__` would (``y`` or ``(y, mean, rstd)``)."""
+    returns what :meth:`Compiled.__call__` would (``y`` or ``(y, mean, rstd)``).
+
+    ``like`` is the x of the call that built it (every x of the fast path's key has its shape, strides, dtype
+    and device). When y's shape, strides and dtype are x's, y is ``torch.empty_like(x)``: for a dense x that
+    keeps x's strides, and it costs 0.5-0.6 us less host time than ``torch.empty_strided`` (H200 host,
+    ``tests/gpu_overhead.py`` twice, 2026-12-07: 1.91-2.02 us against 2.49-2.59)."""
     import torch
 
     from . import gpu
@@ -668,17 +673,19 @@ def _torch_fast_path(entry, device, stats=False):
     dtype = getattr(torch, entry.out_dtype)
     dev = torch.device("cuda", device)
     raw_stream = _torch_raw_stream()
-    empty_strided = torch.empty_strided
+    empty_strided, empty_like = torch.empty_strided, torch.empty_like
     f32 = torch.float32
     nws = entry.ws
     launchers = [k.launcher for k in entry.kernels]  # (stream_handle: int, *pointers)
     set_device = gpu.set_device
+    same_as_x = (like is not None and like.dtype == dtype and tuple(like.shape) == shape
+                 and tuple(like.stride()) == strides)
 
     if len(launchers) == 1 and not nws and not stats:  # most plans: one kernel, no workspace
         (launch,) = launchers
 
         def fast(x, scale, shift):
-            y = empty_strided(shape, strides, dtype=dtype, device=dev)
+            y = empty_like(x) if same_as_x else empty_strided(shape, strides, dtype=dtype, device=dev)
             set_device(device)
             launch(raw_stream(device), x.data_ptr(), y.data_ptr(), 0 if scale is None else scale.data_ptr(),
                    0 if shift is None else shift.data_ptr(), 0, 0, 0)
@@ -690,7 +697,7 @@ def _torch_fast_path(entry, device, stats=False):
     st_strides = dense_like(st_shape, range(len(st_shape), 0, -1))
 
     def fast(x, scale, shift):
-        y = empty_strided(shape, strides, dtype=dtype, device=dev)
+        y = empty_like(x) if same_as_x else empty_strided(shape, strides, dtype=dtype, device=dev)
         ws = empty_strided((nws,), (1,), dtype=f32, device=dev).data_ptr() if nws else 0
         mean = rstd = None
         if stats:

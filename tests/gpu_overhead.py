@@ -4,9 +4,9 @@
 
 Prints the median wall time per call (no synchronization) of: a full normc call on torch tensors (the cached
 fast path: allocate y, launch), the same with return_stats and the backward (their own fast paths),
-torch.empty_strided alone, the hot path's launcher alone (pointers prepared; normc's cuLaunchKernel through
-cuda.bindings) against cuda.core's launch of the same cubin, the
-hot path's key and its parts, torch.nn.functional.layer_norm and torch.add (one torch op) for comparison,
+torch.empty_strided and torch.empty_like alone, the hot path's launcher alone (pointers prepared; normc's
+cuLaunchKernel through cuda.bindings) against the bare cuLaunchKernel and cuda.core's launch of the same cubin,
+the hot path's key and its parts, torch.nn.functional.layer_norm and torch.add (one torch op) for comparison,
 and one forward+backward step of normc.torch.LayerNorm against torch.nn.LayerNorm (host time per training
 step of one layer).
 """
@@ -59,7 +59,10 @@ def main():
     import normc.torch
     from normc.runtime import _tkey, _torch_raw_stream, _torch_tensor_type
 
+    from cuda.bindings.driver import CUstream, cuLaunchKernel as bare
+
     tt = _torch_tensor_type()
+    cs = CUstream(sh)
     raw_stream = _torch_raw_stream()
 
     xg = x.clone().requires_grad_(True)
@@ -73,12 +76,15 @@ def main():
         "normc call, return_stats": lambda: f(x, w, b, return_stats=True),
         "normc backward": lambda: f.backward(dy, x, mean, rstd, w),
         "torch.empty_strided": lambda: torch.empty_strided((256, 1024), (1024, 1), dtype=torch.float32, device="cuda"),
+        "torch.empty_like(x)": lambda: torch.empty_like(x),
         "cuda.core launch (same cubin)": lambda: launch(s, core_config, core_kernel, x.data_ptr(), y.data_ptr(),
                                                         w.data_ptr(), b.data_ptr(), 0, 0, 0),
         "launcher (raw stream int)": lambda: k.launcher(sh, xp, yp, wp, bp, 0, 0, 0),
+        "bare cuLaunchKernel": lambda: bare(k.function, k.grid, 1, 1, k.block, 1, 1, 0, cs, k._params_ptr, 0),
         "hot-path key (3 tensors)": lambda: (x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15,
                                              _tkey(w, tt), _tkey(b, tt), False),
         "x.device": lambda: x.device,
+        "x.get_device()": lambda: x.get_device(),
         "x.shape, x.stride()": lambda: (x.shape, x.stride()),
         "torch current raw stream": lambda: raw_stream(0),
         "torch layer_norm": lambda: torch.nn.functional.layer_norm(x, (1024,), w, b),

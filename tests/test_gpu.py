@@ -181,3 +181,31 @@ def test_fast_paths_match_the_validating_path(case):
     assert (again[3].double() - ref[2]).abs().max().item() <= 1e-3 * ref[2].abs().max().item()
     run(*fresh(torch.bfloat16 if dt == torch.float32 else torch.float32))  # another key: validated again
     assert len(f._fast) == 4 and len(f._bfast) == 2
+
+
+@pytest.mark.parametrize("out_dtype", [None, "float32"])
+def test_fast_path_allocates_y_in_its_own_dtype_and_layout(out_dtype):
+    """The forward fast path allocates y by ``torch.empty_like(x)`` only where y has x's dtype and strides
+    (out_dtype None); with ``out_dtype="float32"`` on float16 x it allocates y itself. Either way the fast
+    call's y (channels-last x, float16) has the validating call's dtype and strides and equals it bit for bit,
+    and both match float64 torch."""
+    torch = pytest.importorskip("torch")
+    import normc
+    import normc.torch
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    spec = normc.instance_norm(2)
+    x = torch.randn(3, 24, 17, 19, device="cuda", generator=g).half().to(memory_format=torch.channels_last)
+    w, b = torch.randn(24, device="cuda", generator=g), torch.randn(24, device="cuda", generator=g)
+    f = normc.compile(spec, out_dtype=out_dtype)
+    first = f(x, w, b)  # the validating call installs the fast path
+    assert len(f._fast) == 1
+    again = f(x.clone(memory_format=torch.preserve_format), w, b)
+    torch.cuda.synchronize()
+    want = torch.float16 if out_dtype is None else torch.float32
+    assert first.dtype == again.dtype == want
+    assert first.stride() == again.stride() == x.stride()
+    assert torch.equal(first, again)
+    ref = normc.torch.reference_forward(spec, x.double(), w.double(), b.double())[0]
+    tol = 1e-2 if out_dtype is None else 1e-4
+    assert (again.double() - ref).abs().max().item() <= tol * ref.abs().max().item()
