@@ -95,18 +95,15 @@ MIXED_TWO_PIVOTS = 1
 # keeps row 1's bound (36 bytes) and should drop the group norm rows' (172-260 bytes): row 1 89.9 -> 90.1 and
 # 90.9 -> 90.5 us (no gain), docs/performance.md.
 OUTER_PERSISTENT_SM_THREADS = 0
-# Outer/mixed persistent kernels, norm statistic, unscaled dtypes: 1 takes the statistics in one exchange without
-# E[d^2] - E[d]^2. (That difference, summed in one round over x - pivot, was timed on an H100 on 2026-12-07 at
-# row 56 20.6 against 22.9 us for two rounds, row 58 9.0 / 10.2, row 1 82.6 / 89.2, but lost digits: 8-bit
-# integer data put rstd off by 2.5e-5 to 1.6e-4 against 1.6e-7, even with an exact round redone where the pivot
-# lay > 8 sigma out, and float32 near 5e17 overflowed its sum of squares; removed, docs/performance.md.) Instead
-# each thread's exact (mean, M2) over its own registers (a second pass over them, no barrier),
-# the y-threads' and then the cluster's partials merged exactly (mean of the partial means weighted by their
-# counts, then M2 = sum of M2_k + n_k (mean_k - mean)^2, both sums read by the same thread: no barrier between).
-# One barrier round and one cluster exchange fewer than two rounds, with two rounds' accuracy
-# (tests/test_numerics.py runs the quantized and outlier cases with it). Prepared 2026-12-07 with no GPU left
-# to time it: tests/gpu_sweep.py --rows 56,58,1,16 --case codegen.OUTER_PERSISTENT_MERGE=1.
-OUTER_PERSISTENT_MERGE = 0
+# Outer/mixed persistent kernels, norm statistic: the statistics take two exact rounds over the registers (sums,
+# then squared deviations from the mean), two CTA exchanges. Two ways to save one were timed and dropped
+# (docs/performance.md). One round of sums of x - pivot and of its square (E[d^2] - E[d]^2; H100 2026-12-07:
+# row 56 20.6 against 22.9 us, row 58 9.0 / 10.2, row 1 82.6 / 89.2) lost digits: 8-bit integer data put rstd
+# off by 2.5e-5 to 1.6e-4 against 1.6e-7, even with an exact round redone where the pivot lay > 8 sigma out,
+# and float32 near 5e17 overflowed its sum of squares. Each thread's exact (count, mean, M2) over its own
+# registers merged exactly over the y-threads and the cluster (Chan's formula; two rounds' accuracy on those
+# inputs) was slower on the H200 the same day: row 56 23.9 against 20.2 us, row 58 10.5 / 9.0, row 16 4.2 / 3.2,
+# row 1 72.0 / 71.6 (94 -> 120 registers on row 56, and a serial merge of 25 partials per column).
 # Every kernel's thread and block index: 1 zero-extends the 32-bit special registers to the int64 the source
 # computes in (``I64(U32(cuda.threadIdx.x))``), 0 sign-extends them (Numba types them int32). Zero-extended,
 # LLVM knows every index derived from them is non-negative, so it drops what Python semantics cost on signed
@@ -2017,94 +2014,9 @@ class _Outer(_Kernel):
                 terms.append(d2 if ok == "True" else f"{d2} * {masks[ok]}")
             g(f"{out}{j} = " + " + ".join(terms))
 
-    def merged_moments(self, g, masks):
-        """OUTER_PERSISTENT_MERGE: the norm statistics of the registers (which hold d = x - pivot, masked rows 0;
-        ``u{j}`` their per-thread sums) in one exchange, leaving ``sMu[lc]`` = the mean of d over column lc's
-        reduction (its group's, for mixed) and ``sSq[lc]`` (mixed: ``sGQ[lc]``) = the sum of squared deviations
-        from it, as the two exact rounds do.
-
-        Each thread takes its count n_t, mean m_t and M2_t = sum (d - m_t)^2 over its own registers. Partials
-        (n_k, m_k, M2_k) merge exactly: m = sum n_k m_k / sum n_k, then M2 = sum M2_k + n_k (m_k - m)^2, both
-        sums read by one thread (no barrier between), first over the CTA's y-threads, then with a cluster over
-        its CTAs in rank order (every CTA gets the same result). For mixed, the G columns of a group (equal
-        counts) merge the same way."""
-        p, V, T, C, RY = self.p, self.V, self.p.tile, self.p.cluster, self.p.ry
-        counts = ["F32(1.0)" if ok == "True" else masks[ok] for ok, _, _ in self.px]
-        g("nt = " + " + ".join(counts))
-        g("rnt = F32(1.0) / max(nt, F32(1.0))")
-        for j in range(V):
-            g(f"tm{j} = u{j} * rnt")
-        self.squared_deviations(g, "w", "tm", masks)
-        self.smem(g, "sRm", RY * T)
-        self.smem(g, "sRw", RY * T)
-        self.smem(g, "sRn", RY)
-        with g.block("if act:"):
-            for j in range(V):
-                g(f"sRm[ry * {T} + cx * {V} + {j}] = tm{j}")
-                g(f"sRw[ry * {T} + cx * {V} + {j}] = w{j}")
-            with g.block("if cx == 0:"):
-                g("sRn[ry] = nt")
-        g("cuda.syncthreads()")
-        col = "sCm" if p.strategy == "mixed" else "sMu"
-        self.smem(g, col, T)
-        self.smem(g, "sSq", T)
-
-        def merge(parts, n_of, m_of, w_of):
-            # parts: the range header of k; n_of/m_of/w_of(k): expressions of partial k
-            g(f"mn = {n_of('0')}")
-            g(f"ms = {n_of('0')} * {m_of('0')}")
-            with g.block(f"for k in range(1, {parts}):"):
-                g(f"mn = mn + {n_of('k')}")
-                g(f"ms = ms + {n_of('k')} * {m_of('k')}")
-            g("mm = ms / max(mn, F32(1.0))")
-            g("mq = F32(0.0)")
-            with g.block(f"for k in range({parts}):"):
-                g(f"dm = {m_of('k')} - mm")
-                g(f"mq = mq + {w_of('k')} + {n_of('k')} * dm * dm")
-
-        with g.block(self.columns(T)):
-            merge(RY, lambda k: f"sRn[{k}]", lambda k: f"sRm[{k} * {T} + lc]", lambda k: f"sRw[{k} * {T} + lc]")
-            if C > 1:
-                g("sPn[lc] = mn")
-                g("sPm[lc] = mm")
-                g("sPq[lc] = mq")
-            else:
-                g(f"{col}[lc] = mm")
-                g("sSq[lc] = mq")
-        if C > 1:
-            for a in ("sPn", "sPm", "sPq"):
-                self.smem(g, a, T)
-            g("cluster_arrive()")
-            g("cluster_wait()")
-            with g.block(self.columns(T)):
-                merge(C, lambda k: f"dsmem_ld(sPn, lc, {k})", lambda k: f"dsmem_ld(sPm, lc, {k})",
-                      lambda k: f"dsmem_ld(sPq, lc, {k})")
-                g(f"{col}[lc] = mm")
-                g("sSq[lc] = mq")
-        g("cuda.syncthreads()")
-        if p.strategy == "mixed":
-            G, per_col = self.G, float(self.RR)
-            self.smem(g, "sMu", T)
-            self.smem(g, "sGQ", T)
-            with g.block(self.columns(T)):
-                g(f"g0 = (lc // {G}) * {G}")
-                g("gs = sCm[g0]")
-                with g.block(f"for k in range(1, {G}):"):
-                    g("gs = gs + sCm[g0 + k]")
-                g(f"gm = gs / F32({float(G)!r})")
-                g("gq = F32(0.0)")
-                with g.block(f"for k in range({G}):"):
-                    g("dm = sCm[g0 + k] - gm")
-                    g(f"gq = gq + sSq[g0 + k] + F32({per_col!r}) * dm * dm")
-                g("sMu[lc] = gm")
-                g("sGQ[lc] = gq")
-            g("cuda.syncthreads()")
-
     def persistent(self):
         """x held in registers, read once. Statistics in two exact passes over the registers: column sums
-        -> mean, then sums of squared deviations -> variance (rms: sums of squares only); under
-        OUTER_PERSISTENT_MERGE (norm, unscaled dtypes) one exchange of exact per-thread moments
-        (:meth:`merged_moments`). Each pass is a
+        -> mean, then sums of squared deviations -> variance (rms: sums of squares only). Each pass is a
         plain sum over the CTA's y-threads and, with ``plan.cluster`` = C > 1, over the C CTAs of the
         cluster (each CTA holds a slice of the rows, as ``setup`` assigns them) through distributed shared
         memory. The mixed strategy sums the columns of each group afterwards. Count per column: all rows."""
@@ -2113,8 +2025,6 @@ class _Outer(_Kernel):
         g = _Src()
         self.setup(g, "normc_outer", splits=C)
         self.emit_rows_accumulate(g)  # persistent: loads into registers (self.px)
-        # one exchange of exactly merged per-thread moments (OUTER_PERSISTENT_MERGE), else two rounds
-        merged = p.stat == "norm" and bool(OUTER_PERSISTENT_MERGE) and not self.scaled
         if p.stat == "norm":
             # registers hold x - pivot (masked lanes 0); means are of shifted values until written out
             # masked rows: values times their 0/1 mask (one F32() per row, not a select per value)
@@ -2129,24 +2039,21 @@ class _Outer(_Kernel):
             self.emit_pivot_table(g)
             for j in range(V):
                 g(f"u{j} = " + " + ".join(names[j] for _, names, _ in self.px))
-            if merged:
-                self.merged_moments(g, masks)
+            self.smem(g, "sSum", T)
+            self.column_total(g, [f"u{j}" for j in range(V)], "sSum", 1)
+            if p.strategy == "mixed":
+                self.smem(g, "sGS", T)
+                self.group_total(g, "sSum", "sGS")
+                src = "sGS"
             else:
-                self.smem(g, "sSum", T)
-                self.column_total(g, [f"u{j}" for j in range(V)], "sSum", 1)
-                if p.strategy == "mixed":
-                    self.smem(g, "sGS", T)
-                    self.group_total(g, "sSum", "sGS")
-                    src = "sGS"
-                else:
-                    src = "sSum"
-                self.smem(g, "sMu", T)
-                with g.block(self.columns(T)):
-                    g(f"sMu[lc] = {src}[lc] / F32({cnt!r})")
-                g("cuda.syncthreads()")
-                for j in range(V):
-                    g(f"mu{j} = sMu[min(cx * {V} + {j}, {T - 1})]")
-                self.squared_deviations(g, "q", "mu", masks)
+                src = "sSum"
+            self.smem(g, "sMu", T)
+            with g.block(self.columns(T)):
+                g(f"sMu[lc] = {src}[lc] / F32({cnt!r})")
+            g("cuda.syncthreads()")
+            for j in range(V):
+                g(f"mu{j} = sMu[min(cx * {V} + {j}, {T - 1})]")
+            self.squared_deviations(g, "q", "mu", masks)
         elif self.scaled:
             # the registers stay unscaled (y uses the unscaled rstd); only the squares see scl
             self.emit_pivot_table(g)
@@ -2156,13 +2063,11 @@ class _Outer(_Kernel):
         else:
             for j in range(V):
                 g(f"q{j} = " + " + ".join(f"{names[j]} * {names[j]}" for _, names, _ in self.px))
-        if not merged:  # merged: M2 is in sSq (sGQ) already
-            self.smem(g, "sSq", T)
-            self.column_total(g, [f"q{j}" for j in range(V)], "sSq", 2)
+        self.smem(g, "sSq", T)
+        self.column_total(g, [f"q{j}" for j in range(V)], "sSq", 2)
         if p.strategy == "mixed":
-            if not merged:
-                self.smem(g, "sGQ", T)
-                self.group_total(g, "sSq", "sGQ")
+            self.smem(g, "sGQ", T)
+            self.group_total(g, "sSq", "sGQ")
             qsrc = "sGQ"
         else:
             qsrc = "sSq"

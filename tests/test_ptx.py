@@ -202,26 +202,6 @@ def test_thread_and_block_index_zero_extended(monkeypatch):
     assert n1 < n0 - 100 and r1 < r0, got
 
 
-@pytest.mark.parametrize("row", [56, 1])
-def test_merged_moments_compile_with_fewer_barriers(row, monkeypatch):
-    """codegen.OUTER_PERSISTENT_MERGE compiles for the persistent cluster kernels of row 56 (NHWC group norm,
-    cluster of 8) and row 1 (NHWC instance norm float32) without spilling, with half the CTA barriers of
-    two rounds and one cluster barrier fewer (2026-12-07: row 56 8 -> 4 bar.sync, 3 -> 2 cluster waits)."""
-    r = ROWS[row]
-    plan = plan_for(_row_spec(r), r["shape"], r["dtype"], layout=r["memory_perm"])
-    assert (plan.strategy, plan.schedule) in (("mixed", "persistent"), ("outer", "persistent")) and plan.cluster > 1
-    got = {}
-    for merged in (0, 1):
-        monkeypatch.setattr(codegen, "OUTER_PERSISTENT_MERGE", merged)
-        uses = {}
-        (k,) = check_kernels(plan, uses=uses)
-        use = uses[k.entry]
-        assert use.spill_stores == use.spill_loads == 0 and use.registers <= 128, (merged, use)
-        got[merged] = k.ptx.count("bar.sync") + k.ptx.count("barrier.sync"), k.ptx.count("barrier.cluster.wait")
-    (b1, c1), (b0, c0) = got[1], got[0]
-    assert 2 * b1 <= b0 and c1 == c0 - 1, got
-
-
 def test_bounded_kernels_carry_their_cubin(monkeypatch, tmp_path):
     """The launch-bound check assembles a bounded kernel already: lower() hands that cubin on (the same
     bytes a fresh assemble gives) and the runtime's compiled_kernels stores it without linking again; an

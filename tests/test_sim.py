@@ -433,37 +433,9 @@ def test_outer_looped_reread_takes_the_plans_unroll(monkeypatch):
     assert k.source.count(f"for base in range(r0 + ry, r1, {8 * plan.ry}):") == 2
 
 
-@pytest.mark.parametrize("text, shape, dtype, sizes, schedule, strategy, merged", [
-    (IN2, (2, 3, 5, 6), "float32", {}, None, "outer", True),
-    (IN2, (2, 3, 5, 6), "float32", {}, "cluster", "outer", True),
-    (IN2, (2, 3, 40, 6), "float16", {}, None, "outer", True),
-    (GN, (2, 12, 4, 4), "float32", {"g": 2}, None, "mixed", True),
-    (GN, (2, 12, 4, 4), "float32", {"g": 2}, "cluster", "mixed", True),
-    (GN, (2, 24, 3, 3), "float16", {"g": 2}, None, "mixed", True),
-    (GN, (2, 12, 4, 4), "bfloat16", {"g": 2}, None, "mixed", False),
-], ids=["outer", "outer-cluster", "outer-f16", "mixed", "mixed-cluster", "mixed-f16", "mixed-bf16-scaled"])
-def test_outer_persistent_merged_moments(text, shape, dtype, sizes, schedule, strategy, merged, monkeypatch):
-    """codegen.OUTER_PERSISTENT_MERGE: each thread's (count, mean, M2) over its registers, merged exactly over
-    the y-threads, the cluster's CTAs and a group's columns in one exchange, keeps y and the statistics equal
-    to float64's (mean twice the spread); bfloat16 (scaled statistics) keeps its two rounds."""
-    from normc.lowering import codegen, generate
-
-    monkeypatch.setattr(codegen, "OUTER_PERSISTENT_MERGE", 1)
-    x = make_x(shape, dtype, perm=NHWC, loc=2.0)
-    want = "persistent" if schedule in (None, "cluster") else schedule
-    *_, plan = run_case(_spec(text, **sizes), x, schedule=schedule, expect=(strategy, want))
-    assert (plan.cluster > 1) == (schedule == "cluster")
-    src = "\n".join(k.source for k in generate(plan))
-    assert ("sRn[ry] = nt" in src and "sR2" not in src) == merged
-    assert ("dsmem_ld(sPq" in src) == (merged and plan.cluster > 1)
-
-
-def test_outer_persistent_merged_moments_keep_nan_rows(monkeypatch):
-    """An Inf in a column makes that column's statistics and y NaN with merged moments too
-    (codegen.OUTER_PERSISTENT_MERGE), and leaves the other columns finite."""
-    from normc.lowering import codegen
-
-    monkeypatch.setattr(codegen, "OUTER_PERSISTENT_MERGE", 1)
+def test_outer_persistent_keeps_nan_to_its_column():
+    """An Inf in a column of the persistent outer kernel (registers, two rounds of column sums) makes that
+    column's statistics and y NaN and leaves the other columns finite."""
     x = make_x((2, 3, 5, 6), "float32", perm=NHWC)
     x[0, 1, 2, 3] = np.inf
     f = normc.compile(IN2)
