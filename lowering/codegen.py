@@ -2004,6 +2004,19 @@ class _Outer(_Kernel):
             g(f"{dst}[lc] = tot")
         g("cuda.syncthreads()")
 
+    def reduction_total(self, g, part, col, grp, rnd):
+        """Persistent kernels: the per-thread partials ``{part}{j}`` summed per column into shared ``col`` (over
+        the y-threads and the cluster, exchange round ``rnd``); mixed also sums a group's columns into ``grp``.
+        Returns the name of the array holding each column's reduction total (``grp`` for mixed, else ``col``)."""
+        T = self.p.tile
+        self.smem(g, col, T)
+        self.column_total(g, [f"{part}{j}" for j in range(self.V)], col, rnd)
+        if self.p.strategy != "mixed":
+            return col
+        self.smem(g, grp, T)
+        self.group_total(g, col, grp)
+        return grp
+
     def squared_deviations(self, g, out, centre, masks):
         """``{out}{j}`` = the sum over this thread's register rows of (value - ``{centre}{j}``)^2 for each of its
         V columns, masked rows (``masks``: row condition -> its 0/1 float) adding nothing."""
@@ -2039,14 +2052,7 @@ class _Outer(_Kernel):
             self.emit_pivot_table(g)
             for j in range(V):
                 g(f"u{j} = " + " + ".join(names[j] for _, names, _ in self.px))
-            self.smem(g, "sSum", T)
-            self.column_total(g, [f"u{j}" for j in range(V)], "sSum", 1)
-            if p.strategy == "mixed":
-                self.smem(g, "sGS", T)
-                self.group_total(g, "sSum", "sGS")
-                src = "sGS"
-            else:
-                src = "sSum"
+            src = self.reduction_total(g, "u", "sSum", "sGS", 1)
             self.smem(g, "sMu", T)
             with g.block(self.columns(T)):
                 g(f"sMu[lc] = {src}[lc] / F32({cnt!r})")
@@ -2063,14 +2069,7 @@ class _Outer(_Kernel):
         else:
             for j in range(V):
                 g(f"q{j} = " + " + ".join(f"{names[j]} * {names[j]}" for _, names, _ in self.px))
-        self.smem(g, "sSq", T)
-        self.column_total(g, [f"q{j}" for j in range(V)], "sSq", 2)
-        if p.strategy == "mixed":
-            self.smem(g, "sGQ", T)
-            self.group_total(g, "sSq", "sGQ")
-            qsrc = "sGQ"
-        else:
-            qsrc = "sSq"
+        qsrc = self.reduction_total(g, "q", "sSq", "sGQ", 2)
         if C > 1:
             g("cluster_arrive()  # done reading the peers' shared memory (the wait is at kernel end)")
         self.smem(g, "sA", T)
