@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, in order of importance; each step's log goes to $OUT (or ./gpu-out).
 # Start it after the install line of ../shared/gpu/README.md, e.g. through the device tool:
-#   <install line> bash tests/gpu_session.sh [bench|tests|examples|all]
+#   <install line> bash tests/gpu_session.sh [bench|bench-backward|tests|examples|all]
 # Steps (tests+sanitize runs the first and third at once): tests = pytest -m gpu (every anchor row, interchange, streams, graphs, reliability, torch modules, the real-model examples at reduced sizes);
 # bench = normc bench over the anchor table into docs/perf-style reports (resumable: copy docs/perf/bench.json
-# into $out/perf first to continue a run); sanitize = compute-sanitizer over every strategy x schedule;
+# into $out/perf first to continue a run; bench-backward the same for normc bench --backward, from
+# docs/perf/backward.json); sanitize = compute-sanitizer over every strategy x schedule;
 # examples = every example that needs a GPU (carry the platformdirs wheel in .whl: the image lacks it). T_TESTS and T_SAN (seconds) bound the tests and the sanitizer.
 # The device tool returns at most 8 files from $OUT (../.library/device/README.md): "all" writes more (test
 # and sanitizer logs, bench.json/.md/.png), so run the bench in its own call or copy what matters first.
@@ -30,6 +31,11 @@ fi
 if [[ "$what" == bench || "$what" == all ]]; then
   mkdir -p "$out/perf"
   timeout 540 normc bench --out "$out/perf" --resume 2>&1 | tail -80 > "$out/bench-stdout.log"
+  tail -15 "$out/bench-stdout.log"
+fi
+if [[ "$what" == bench-backward ]]; then  # not in "all": a call of its own (resumable as bench)
+  mkdir -p "$out/perf"
+  timeout 540 normc bench --backward --out "$out/perf" --resume 2>&1 | tail -80 > "$out/bench-stdout.log"
   tail -15 "$out/bench-stdout.log"
 fi
 if [[ "$what" == sanitize || "$what" == all ]]; then
