@@ -1950,47 +1950,30 @@ class _Outer(_Kernel):
         every lc of the tile afterwards (all threads synchronized). Plain sums (no Welford merges) keep the
         combine short: the y-threads' partials are added with independent loads, then C DSMEM loads.
         ``rnd`` names this round's shared arrays (a peer may still read the previous round's)."""
-        self.column_totals(g, [(vals, dst)], rnd)
-
-    def column_totals(self, g, pairs, rnd):
-        """:meth:`column_total` of several ``(vals, dst)`` pairs in one round: one barrier, one cluster barrier
-        and one DSMEM exchange for all of them (pair i's shared arrays get the suffix a, b, ...; none for a
-        single pair)."""
         p, V, T, C = self.p, self.V, self.p.tile, self.p.cluster
         RY = p.ry
-        sfx = [""] if len(pairs) == 1 else ["abcdefgh"[i] for i in range(len(pairs))]
-        srs = [f"sR{rnd}{x}" for x in sfx]
-        tots = [f"tot{x}" for x in sfx]
-        for sr in srs:
-            self.smem(g, sr, RY * T)
+        sr = f"sR{rnd}"
+        self.smem(g, sr, RY * T)
         with g.block("if act:"):
-            for sr, (vals, _) in zip(srs, pairs):
-                for j in range(V):
-                    g(f"{sr}[ry * {T} + cx * {V} + {j}] = {vals[j]}")
+            for j in range(V):
+                g(f"{sr}[ry * {T} + cx * {V} + {j}] = {vals[j]}")
         g("cuda.syncthreads()")
-        tgts = [f"sP{rnd}{x}" if C > 1 else dst for x, (_, dst) in zip(sfx, pairs)]
+        tgt = f"sP{rnd}" if C > 1 else dst
         if C > 1:
-            for tgt in tgts:
-                self.smem(g, tgt, T)
+            self.smem(g, tgt, T)
         with g.block(self.columns(T)):
-            for tot, sr in zip(tots, srs):
-                g(f"{tot} = {sr}[lc]")
+            g(f"tot = {sr}[lc]")
             with g.block(f"for k in range(1, {RY}):"):
-                for tot, sr in zip(tots, srs):
-                    g(f"{tot} = {tot} + {sr}[k * {T} + lc]")
-            for tot, tgt in zip(tots, tgts):
-                g(f"{tgt}[lc] = {tot}")
+                g(f"tot = tot + {sr}[k * {T} + lc]")
+            g(f"{tgt}[lc] = tot")
         if C > 1:
             g("cluster_arrive()")
             g("cluster_wait()")
             with g.block(self.columns(T)):
-                for tot, tgt in zip(tots, tgts):
-                    g(f"{tot} = dsmem_ld({tgt}, lc, 0)")
+                g(f"tot = dsmem_ld({tgt}, lc, 0)")
                 with g.block(f"for k in range(1, {C}):"):
-                    for tot, tgt in zip(tots, tgts):
-                        g(f"{tot} = {tot} + dsmem_ld({tgt}, lc, k)")
-                for tot, (_, dst) in zip(tots, pairs):
-                    g(f"{dst}[lc] = {tot}")
+                    g(f"tot = tot + dsmem_ld({tgt}, lc, k)")
+                g(f"{dst}[lc] = tot")
         g("cuda.syncthreads()")
 
     def group_total(self, g, src, dst):
