@@ -2,8 +2,8 @@
 
 The simulator runs each CUDA thread as a Python thread and lacks warp shuffles and raw-pointer
 intrinsics. Here pointers are flat numpy arrays (float32, or uint16 holding float16/bfloat16 bits), loads
-and stores convert through numpy, and a shuffle is an exchange among the 32 threads of a warp between two
-warp barriers (every generated kernel calls shuffles uniformly across each warp, as ``shfl.sync`` with a full
+and stores convert through numpy, and a shuffle is an exchange among the 32 threads of a warp at a warp
+barrier (every generated kernel calls shuffles uniformly across each warp, as ``shfl.sync`` with a full
 mask requires on the GPU; different warps may take different paths).
 """
 
@@ -116,18 +116,24 @@ def _warp_barrier(t):
 
 
 def _exchange(v, partner_of):
-    """Each lane publishes ``v``, the warp meets, each lane reads its partner's, the warp meets again. Only
-    the warp's own lanes take part (as ``shfl.sync`` with a full mask): other warps may be elsewhere, e.g. idle
-    warps of a loop that gives each warp a row."""
+    """Each lane publishes ``v``, the warp meets, each lane reads its partner's. Only the warp's own lanes take
+    part (as ``shfl.sync`` with a full mask): other warps may be elsewhere, e.g. idle warps of a loop that gives
+    each warp a row.
+
+    Shuffles alternate between two slots (by each lane's count of its shuffles, the same on every lane of a
+    warp), so one barrier per shuffle suffices: a lane writes a slot again two shuffles later, after the
+    barrier of the shuffle in between, which no lane passes before it has read this one."""
     t = threading.current_thread()
-    store = t._manager.__dict__.setdefault("_normc_xchg", {})
+    n = t.__dict__.get("_normc_shuffles", 0)
+    t._normc_shuffles = n + 1
+    slots = t._manager.__dict__.setdefault("_normc_xchg", ({}, {}))
+    store = slots[n & 1]
     me = t.thread_id
     bar = _warp_barrier(t)
     store[me] = v
     try:
         bar.wait()
         out = store[partner_of(me)]
-        bar.wait()
     except threading.BrokenBarrierError:
         raise RuntimeError(f"simulated warp shuffle: warp {me // 32} did not meet within {WARP_SYNC_TIMEOUT_S} s "
                            "(a shuffle in code that is not uniform across the warp)") from None
