@@ -13,8 +13,9 @@ of the row's torch eager op in these process states, in order:
 4. the same with the collector disabled.
 
 Each line also gives the collections per generation that ran during its measurements (``gc.callbacks``), the
-objects the collector tracks and the 1-minute load average, so a difference can be told apart as the
-collector's, the CPU's or the process's.
+objects the collector tracks, the 1-minute load average and torch's modes left active (torch-function and
+dispatch mode stacks, grad mode, default device), so a difference can be told apart as the collector's, the
+CPU's or torch's.
 """
 
 import argparse
@@ -60,7 +61,15 @@ def main():
                 gc.callbacks.remove(cb)
             cells = "  ".join(f"{name} {v:6.2f} us" for name, v in us.items())
             print(f"{state:22s} row {i:2d}: {cells}  gc runs (gen 0/1/2) {counts}  tracked "
-                  f"{len(gc.get_objects())}  load {os.getloadavg()[0]:.1f}", flush=True)
+                  f"{len(gc.get_objects())}  load {os.getloadavg()[0]:.1f}  {torch_state()}", flush=True)
+
+    def torch_state():
+        """What torch itself may add to every call: torch-function and dispatch modes left active (each torch
+        call then goes through Python), grad mode, the default device (torch.set_default_device is a mode)."""
+        fmodes = torch._C._len_torch_function_stack() if hasattr(torch._C, "_len_torch_function_stack") else "?"
+        dmodes = torch._C._len_torch_dispatch_stack() if hasattr(torch._C, "_len_torch_dispatch_stack") else "?"
+        dev = torch.get_default_device() if hasattr(torch, "get_default_device") else "?"
+        return f"function modes {fmodes}  dispatch modes {dmodes}  grad {torch.is_grad_enabled()}  default {dev}"
 
     measure("1 fresh")
     for i in rows:
