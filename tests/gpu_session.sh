@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One device call's worth of GPU work, in order of importance; each step's log goes to $OUT (or ./gpu-out).
 # Start it after the install line of ../shared/gpu/README.md, e.g. through the device tool:
-#   <install line> bash tests/gpu_session.sh [bench|bench-backward|tests|examples|all]
+#   <install line> bash tests/gpu_session.sh [bench|bench-backward|tests|examples|host|all]
 # Steps (tests+sanitize runs the first and third at once): tests = pytest -m gpu (every anchor row, interchange, streams, graphs, reliability, torch modules, the real-model examples at reduced sizes);
 # bench = normc bench over the anchor table into docs/perf-style reports (resumable: copy docs/perf/bench.json
 # into $out/perf first to continue a run; bench-backward the same for normc bench --backward, from
 # docs/perf/backward.json); sanitize = compute-sanitizer over every strategy x schedule;
+# host = tests/gpu_host_state.py (why the bench's host column can exceed a normc-only run's);
 # examples = every example that needs a GPU (carry the platformdirs wheel in .whl: the image lacks it). T_TESTS and T_SAN (seconds) bound the tests and the sanitizer.
 # The device tool returns at most 8 files from $OUT (../.library/device/README.md): "all" writes more (test
 # and sanitizer logs, bench.json/.md/.png), so run the bench in its own call or copy what matters first.
@@ -37,6 +38,9 @@ if [[ "$what" == bench-backward ]]; then  # not in "all": a call of its own (res
   mkdir -p "$out/perf"
   timeout 540 normc bench --backward --out "$out/perf" --resume 2>&1 | tail -80 > "$out/bench-stdout.log"
   tail -15 "$out/bench-stdout.log"
+fi
+if [[ "$what" == host ]]; then  # not in "all": the bench's host-overhead column in four process states
+  timeout 300 python3 tests/gpu_host_state.py 2>&1 | grep -v "Warning" | tee "$out/host-state.log"
 fi
 if [[ "$what" == sanitize || "$what" == all ]]; then
   timeout 540 bash tests/gpu_sanitize.sh --out "$out" 2>&1 | tail -20
