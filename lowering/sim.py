@@ -130,6 +130,9 @@ def _exchange(v, partner_of):
     store = slots[n & 1]
     me = t.thread_id
     bar = _warp_barrier(t)
+    block = t._manager.__dict__.get("_normc_barrier")  # normc's block manager (see _BlockBarrier)
+    if block is not None and block.failed is not None:  # (after the warp barrier is registered: no race)
+        raise RuntimeError("another simulated thread of this block raised")
     store[me] = v
     try:
         bar.wait()
@@ -274,8 +277,9 @@ class _BlockBarrier:
     """``syncthreads`` for one simulated block, without polling: a thread arriving last (of those still running)
     releases the others. A thread that has exited no longer counts, as on the GPU and in Numba's own simulator
     (whose block manager finds the same by polling every thread in a loop on the main thread; under the GIL
-    that loop took about half the CPU time of a 512-thread block's barriers). ``abort`` (a thread raised)
-    breaks this barrier and the block's warp barriers, so the other threads stop instead of waiting."""
+    that loop took about half the CPU time of a 512-thread block's barriers). A thread that exits with an
+    exception breaks this barrier and the block's warp barriers, so the other threads stop instead of waiting
+    (``failed``: a warp barrier made after that is checked by :func:`_exchange`)."""
 
     def __init__(self, manager, n):
         self.manager, self.cond = manager, threading.Condition()
@@ -305,7 +309,7 @@ class _BlockBarrier:
             if thread.exception is not None and self.failed is None:
                 self.failed = thread
                 self.cond.notify_all()
-                for bar in self.manager.__dict__.get("_normc_warp_bars", {}).values():
+                for bar in list(self.manager.__dict__.get("_normc_warp_bars", {}).values()):
                     bar.abort()
             elif self.alive and self.arrived == self.alive:
                 self._release()

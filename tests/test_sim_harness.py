@@ -83,3 +83,21 @@ def test_a_raising_thread_stops_its_block_at_once():
         _launch(RAISES, "k", 64)(np.zeros(64, np.float32))
     assert time.perf_counter() - t0 < 30
     assert K.BlockManager is numba_manager
+
+
+RAISES_BEFORE_THE_WARP_MEETS = """
+def k(out):
+    t = cuda.threadIdx.x
+    if t == 0:
+        out[1000] = 1.0  # out of bounds: IndexError, before any lane has reached the shuffle
+    else:
+        __import__("time").sleep(0.2)
+    out[t] = shfl_xor(F32(t), 1)  # lanes 1-31 make warp 0's barrier after lane 0 has failed
+"""
+
+
+def test_a_warp_that_meets_after_the_failure_does_not_wait_for_it():
+    t0 = time.perf_counter()
+    with pytest.raises(IndexError, match="tid=.0,"):
+        _launch(RAISES_BEFORE_THE_WARP_MEETS, "k", 64)(np.zeros(64, np.float32))
+    assert time.perf_counter() - t0 < 30
