@@ -268,8 +268,12 @@ def arrive_u32(p, i):
 
 
 def acquire_u32(p, i):
-    """Simulator acquire load of the counter at ``p[i]``; yields the GIL so the CTAs it waits for run."""
+    """Simulator acquire load of the counter at ``p[i]``; yields the GIL so the CTAs it waits for run. Raises
+    once a thread of the simulated block has failed (a CTA spinning for one that raised would spin forever)."""
     time.sleep(0)
+    block = threading.current_thread()._manager.__dict__.get("_normc_barrier")
+    if block is not None and block.failed is not None:
+        raise RuntimeError("another simulated thread of this block raised")
     return int(p[int(i)])
 
 

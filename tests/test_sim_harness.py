@@ -101,3 +101,29 @@ def test_a_warp_that_meets_after_the_failure_does_not_wait_for_it():
     with pytest.raises(IndexError, match="tid=.0,"):
         _launch(RAISES_BEFORE_THE_WARP_MEETS, "k", 64)(np.zeros(64, np.float32))
     assert time.perf_counter() - t0 < 30
+
+
+COOP_RAISES_BEFORE_ARRIVING = """
+def k(wp, out):
+    t = cuda.threadIdx.x
+    b = cuda.blockIdx.x
+    if t == 0:
+        if b == 1:
+            out[1000] = 1.0  # out of bounds: CTA 1 fails before it arrives
+        arrive_u32(wp, 0)
+        while acquire_u32(wp, 0) < 2:  # CTA 0 spins for CTA 1
+            pass
+    cuda.syncthreads()
+    out[b * 32 + t] = 1.0
+"""
+
+
+def test_a_cta_spinning_for_one_that_failed_stops():
+    """A cooperative kernel (its grid one simulated block) whose CTA 1 raises before arriving: CTA 0's thread
+    spinning on the arrival counter stops, and the IndexError reaches the caller (found by a review: the
+    launch hung)."""
+    ks = types.SimpleNamespace(source=COOP_RAISES_BEFORE_ARRIVING, name="k", block=32, grid=2, cluster=1, coop=True)
+    t0 = time.perf_counter()
+    with pytest.raises(IndexError):
+        sim.load(ks)(np.zeros(1, np.float32), np.zeros(64, np.float32))
+    assert time.perf_counter() - t0 < 30
