@@ -373,7 +373,7 @@ def copy_bandwidth() -> float:
         e1.record()
         e1.synchronize()
         ms = e0.elapsed_time(e1) / 20
-    del a, b
+    a = b = None  # free both buffers now (not "del": pyflakes then calls the lambda's a, b undefined)
     return 2 * 2**31 / (ms * 1e-3)
 
 
@@ -520,7 +520,7 @@ def bench_row(i, row, bw, systems=SYSTEMS, l2_bytes=60e6, compile_cache=None):
                 out["systems"][name] = {"error": _error(e)}
             torch.cuda.synchronize()
     out["host_us"] = host_overhead_us(lambda: f(xs[0], sc, sh))
-    del xs
+    xs = None  # free the inputs before empty_cache (not "del": see copy_bandwidth)
     torch.cuda.empty_cache()
     return out
 

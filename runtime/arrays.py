@@ -9,6 +9,7 @@ path.
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 from dataclasses import dataclass, replace
@@ -215,7 +216,7 @@ def empty(like: ArrayInfo, shape, strides, dtype: str, stream: int = 0):
     inv = np.argsort(order) if shape else []
     if like.kind == "numpy" or like.device is None:  # host arrays (a host torch tensor is read as numpy)
         if dtype == "bfloat16":
-            import ml_dtypes  # noqa: F401  (registers numpy's 'bfloat16' dtype)
+            importlib.import_module("ml_dtypes")  # registers numpy's 'bfloat16' dtype
 
             npdt = np.dtype("bfloat16")
         else:

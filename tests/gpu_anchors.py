@@ -103,7 +103,7 @@ def run_row(i, row, bw, timing=True):
         torch.cuda.synchronize()
         res.update({"us": ms * 1e3, "floor_us": nbytes / bw * 1e6, "frac_floor": nbytes / bw / (ms * 1e-3),
                     "host_us": host * 1e6})
-    del x, y
+    x = y = None  # free them before empty_cache
     torch.cuda.empty_cache()
     return res
 

@@ -128,7 +128,7 @@ def main(argv=None) -> int:
                 line = {"row": i, "config": text, "error": f"{type(e).__name__}: {e}"}
             results.append(line)
             print(json.dumps(line), flush=True)
-        del xs, dy, first
+        xs = dy = first = None  # free them before empty_cache
         torch.cuda.empty_cache()
     for n, v in orig.items():
         setattr(*_mod(n), v)
