@@ -9,6 +9,7 @@ mask requires on the GPU; different warps may take different paths).
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -115,6 +116,17 @@ def _warp_barrier(t):
     return bar
 
 
+_BLOCK_FAILED = "another simulated thread of this block raised"
+
+
+def _stop_if_block_failed(t):
+    """Raise in simulated thread ``t`` once another thread of its block has failed (normc's block manager,
+    :class:`_BlockBarrier`; nothing under Numba's own), so a thread about to wait for it stops instead."""
+    block = t._manager.__dict__.get("_normc_barrier")
+    if block is not None and block.failed is not None:
+        raise RuntimeError(_BLOCK_FAILED)
+
+
 def _exchange(v, partner_of):
     """Each lane publishes ``v``, the warp meets, each lane reads its partner's. Only the warp's own lanes take
     part (as ``shfl.sync`` with a full mask): other warps may be elsewhere, e.g. idle warps of a loop that gives
@@ -130,9 +142,7 @@ def _exchange(v, partner_of):
     store = slots[n & 1]
     me = t.thread_id
     bar = _warp_barrier(t)
-    block = t._manager.__dict__.get("_normc_barrier")  # normc's block manager (see _BlockBarrier)
-    if block is not None and block.failed is not None:  # (after the warp barrier is registered: no race)
-        raise RuntimeError("another simulated thread of this block raised")
+    _stop_if_block_failed(t)  # after the warp barrier is registered: no race with _BlockBarrier.exit
     store[me] = v
     try:
         bar.wait()
@@ -271,9 +281,7 @@ def acquire_u32(p, i):
     """Simulator acquire load of the counter at ``p[i]``; yields the GIL so the CTAs it waits for run. Raises
     once a thread of the simulated block has failed (a CTA spinning for one that raised would spin forever)."""
     time.sleep(0)
-    block = threading.current_thread()._manager.__dict__.get("_normc_barrier")
-    if block is not None and block.failed is not None:
-        raise RuntimeError("another simulated thread of this block raised")
+    _stop_if_block_failed(threading.current_thread())
     return int(p[int(i)])
 
 
@@ -305,7 +313,7 @@ class _BlockBarrier:
                 while gen == self.generation and self.failed is None:
                     self.cond.wait()
             if self.failed is not None:
-                raise RuntimeError("another simulated thread of this block raised")
+                raise RuntimeError(_BLOCK_FAILED)
 
     def exit(self, thread):
         with self.cond:
@@ -319,10 +327,12 @@ class _BlockBarrier:
                 self._release()
 
 
+@functools.cache
 def _block_manager():
     """A subclass of Numba's simulator ``BlockManager`` that runs a block's threads with :class:`_BlockBarrier`
     and joins them, instead of polling them (same semantics: one block at a time, exited threads do not count
-    at a barrier, the first exception is raised on the launching thread)."""
+    at a barrier, the first exception is raised on the launching thread). Made once: ``(Numba's simulator
+    kernel module, the subclass)``."""
     from numba.cuda.simulator import kernel as K
 
     class Thread(K.BlockThread):
@@ -368,8 +378,7 @@ class _FastBlocks:
             _swaps[0] += 1
 
     def __exit__(self, *exc):
-        from numba.cuda.simulator import kernel as K
-
+        K, _ = _block_manager()
         with _swap_lock:
             _swaps[0] -= 1
             if _swaps[0] == 0:

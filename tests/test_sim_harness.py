@@ -12,8 +12,8 @@ import pytest
 from normc.lowering import sim
 
 
-def _launch(source, name, block, grid=1):
-    ks = types.SimpleNamespace(source=source, name=name, block=block, grid=grid, cluster=1, coop=False)
+def _launch(source, name, block, grid=1, coop=False):
+    ks = types.SimpleNamespace(source=source, name=name, block=block, grid=grid, cluster=1, coop=coop)
     return sim.load(ks)
 
 
@@ -122,8 +122,8 @@ def test_a_cta_spinning_for_one_that_failed_stops():
     """A cooperative kernel (its grid one simulated block) whose CTA 1 raises before arriving: CTA 0's thread
     spinning on the arrival counter stops, and the IndexError reaches the caller (found by a review: the
     launch hung)."""
-    ks = types.SimpleNamespace(source=COOP_RAISES_BEFORE_ARRIVING, name="k", block=32, grid=2, cluster=1, coop=True)
     t0 = time.perf_counter()
     with pytest.raises(IndexError):
-        sim.load(ks)(np.zeros(1, np.float32), np.zeros(64, np.float32))
+        launch = _launch(COOP_RAISES_BEFORE_ARRIVING, "k", 32, grid=2, coop=True)
+        launch(np.zeros(1, np.float32), np.zeros(64, np.float32))
     assert time.perf_counter() - t0 < 30
