@@ -361,28 +361,30 @@ def _block_manager():
     return K, BlockManager
 
 
-_swap_lock = threading.Lock()
-_swaps = [0, None]  # launches inside the swap, Numba's own BlockManager
-
-
 class _FastBlocks:
     """Context: Numba's simulator runs blocks with :func:`_block_manager`'s manager (re-entrant, thread-safe;
     Numba's own is put back when the last launch leaves)."""
 
+    _lock = threading.Lock()
+    _depth = 0  # launches inside the swap
+    _numba_manager = None  # Numba's own BlockManager while swapped out
+
     def __enter__(self):
-        with _swap_lock:
-            if _swaps[0] == 0:
+        cls = _FastBlocks
+        with cls._lock:
+            if cls._depth == 0:
                 K, fast = _block_manager()
-                _swaps[1] = K.BlockManager
+                cls._numba_manager = K.BlockManager
                 K.BlockManager = fast
-            _swaps[0] += 1
+            cls._depth += 1
 
     def __exit__(self, *exc):
+        cls = _FastBlocks
         K, _ = _block_manager()
-        with _swap_lock:
-            _swaps[0] -= 1
-            if _swaps[0] == 0:
-                K.BlockManager = _swaps[1]
+        with cls._lock:
+            cls._depth -= 1
+            if cls._depth == 0:
+                K.BlockManager = cls._numba_manager
 
 
 def namespace(cluster=1, threads=1, blocks=1) -> dict:
