@@ -269,11 +269,14 @@ class _Red(_Emitter):
 
     def fold_dx(self, g, c1, c2):
         """Per-column factors of dx when rstd, mean and scale were hoisted (constant along the rows):
-        ``dx = rs*(dy*sc - c1 - (x - mu)*rs*c2) = A*dy - C - (x - mu)*B`` with ``A = rs*sc``, ``B = rs*rs*c2``,
-        ``C = rs*c1`` (rms: ``A*dy - x*B``). Four values held per column instead of five (rs, mu, sc, c1, c2):
-        NHWC batch statistics in float16 hold 8 columns per thread, and its finish kernel fits the 64 registers
-        of 4 CTAs per SM only so. Returns ``[(A, B, C or None, mu or None)]`` names per element, or None when a
-        factor varies along the rows."""
+        ``dx = rs*(dy*sc - c1 - (x - mu)*rs*c2) = A*dy - C - ((x - mu)*S)*|S|`` with ``A = rs*sc``,
+        ``C = rs*c1`` and ``S = sign(c2)*rs*sqrt(|c2|)`` (rms: ``A*dy - (x*S)*|S|``). Four values held per column
+        instead of five (rs, mu, sc, c1, c2): NHWC batch statistics in float16 hold 8 columns per thread, and
+        its finish kernel fits the 64 registers of 4 CTAs per SM only so. ``S*|S|`` is ``rs*rs*c2``, but that
+        product itself under- or overflows float32 where rstd is below about 1e-19 or above about 1e19 (x's
+        spread above 1e19, or eps = 0 and a spread below 1e-19) while dx is finite; ``(x - mu)*S`` is about
+        ``xhat*sqrt|c2|`` in magnitude, so every intermediate stays in range. Returns
+        ``[(A, S, C or None, mu or None)]`` names per element, or None when a factor varies along the rows."""
         if "rs" not in self.h or (self.use_scale and "sc" not in self.h):
             return None
         rs, mu, sc = self.h["rs"], self.h.get("mu"), self.h.get("sc")
@@ -281,7 +284,8 @@ class _Red(_Emitter):
         for j in range(self.V):
             A, B = g.new("fa"), g.new("fb")
             g(f"{A} = {rs[j]} * {sc[j]}" if sc else f"{A} = {rs[j]}")
-            g(f"{B} = {rs[j]} * {rs[j]} * {c2[j]}")
+            g(f"{B} = {rs[j]} * sqrtf(abs({c2[j]}))")
+            g(f"{B} = sel({c2[j]} < F32(0.0), -{B}, {B})")
             C = None
             if self.norm:
                 C = g.new("fc")
@@ -296,9 +300,9 @@ class _Red(_Emitter):
         ds = [g.new("dx") for _ in range(V)]
         for j, (A, B, C, mu) in enumerate(folds):
             if self.norm:
-                g(f"{ds[j]} = {A} * {dys[j]} - {C} - ({xs[j]} - {mu}) * {B}")
+                g(f"{ds[j]} = {A} * {dys[j]} - {C} - (({xs[j]} - {mu}) * {B}) * abs({B})")
             else:
-                g(f"{ds[j]} = {A} * {dys[j]} - {xs[j]} * {B}")
+                g(f"{ds[j]} = {A} * {dys[j]} - ({xs[j]} * {B}) * abs({B})")
         self.store_dx(g, ds, offs["out"], ok)
 
     def dx_pass(self, g, start, stop, step, backwards, offs_at, varies, c1, c2, folds=None):

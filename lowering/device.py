@@ -530,6 +530,12 @@ def shfl_idx(v, src):
 
 
 @cuda.jit(device=True, inline=True)
+def sqrtf(v):
+    """sqrt(v) in float32 (IEEE, correctly rounded)."""
+    return math.sqrt(v)
+
+
+@cuda.jit(device=True, inline=True)
 def rsqrt(v):
     """1 / sqrt(v) in float32 (IEEE sqrt and division, as the reference computes it)."""
     return float32(1.0) / math.sqrt(v)
@@ -539,7 +545,8 @@ def namespace() -> dict:
     """Globals for exec'ing generated kernel source for the GPU."""
     ns = {
         "cuda": cuda, "I64": int64, "I32": int32, "U32": uint32, "F32": float32, "F32T": float32, "rsqrt": rsqrt,
-        "shfl_xor": shfl_xor, "shfl_idx": shfl_idx, "cluster_arrive": cluster_arrive, "cluster_wait": cluster_wait,
+        "sqrtf": sqrtf, "shfl_xor": shfl_xor, "shfl_idx": shfl_idx, "cluster_arrive": cluster_arrive,
+        "cluster_wait": cluster_wait,
         "dsmem_ld": dsmem_ld, "griddep_wait": griddep_wait, "griddep_launch_dependents": griddep_launch_dependents,
         "smem_base": smem_base, "lds_f32": lds_f32, "sts_f32": sts_f32,
         "arrive_u32": arrive_u32, "acquire_u32": acquire_u32, "ldcg_f32": ldcg_f32,

@@ -170,6 +170,12 @@ def rsqrt(v):
         return np.float32(1.0) / np.sqrt(v)
 
 
+def sqrtf(v):
+    """sqrt(v) in float32."""
+    with np.errstate(invalid="ignore"):
+        return np.sqrt(np.float32(v))
+
+
 def _i64(v):
     return int(v)
 
@@ -392,7 +398,8 @@ def namespace(cluster=1, threads=1, blocks=1) -> dict:
     ``threads`` threads per simulated block, ``blocks`` simulated blocks)."""
     ns = {
         "cuda": cuda if cluster == 1 else _ClusterCuda(cluster, threads, blocks), "I64": _i64, "I32": _i64, "U32": _i64,
-        "F32": np.float32, "F32T": np.float32, "rsqrt": rsqrt, "shfl_xor": shfl_xor, "shfl_idx": shfl_idx,
+        "F32": np.float32, "F32T": np.float32, "rsqrt": rsqrt, "sqrtf": sqrtf, "shfl_xor": shfl_xor,
+        "shfl_idx": shfl_idx,
         "cluster_arrive": cluster_arrive, "cluster_wait": cluster_wait, "dsmem_ld": dsmem_ld,
         "smem_base": smem_base, "lds_f32": lds_f32, "sts_f32": sts_f32, "griddep_wait": griddep_wait,
         "griddep_launch_dependents": griddep_launch_dependents,

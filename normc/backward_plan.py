@@ -217,7 +217,8 @@ DX_UNROLL = 2
 # (1, 32, 640^2) 78.3 -> 77.5, NDHWC (2, 64, 128^3) 1272.4 -> 1282.6).
 DX_UNROLL_OUTER = 1
 # Outer dx, pass 2: rstd, mean and scale constant along the rows (hoisted per column) are folded with the row
-# means into three factors per column, dx = A*dy - C - (x - mean)*B (normc.lowering.backward's _Red.fold_dx):
+# means into three factors per column, dx = A*dy - C - ((x - mean)*S)*|S| with S*|S| = rstd^2 * mean(g*xhat)
+# (normc.lowering.backward's _Red.fold_dx, which says why not one factor rstd^2 * mean(g*xhat): its range):
 # four values held per column instead of five. The float16 NHWC batch-statistics finish kernel (8 columns per
 # thread) then fits 64 registers, the bound of 4 CTAs per SM, without spilling (72 registers and 3 per SM
 # before, for a grid sized for 4: a second partial wave).
@@ -1041,7 +1042,7 @@ def make_backward_plan(problem, *, dy_dtype=None, dy_align=16, need_dscale=True,
         if FOLD_DX and dx.strategy == "outer":
             dx = replace(dx, fold=True)
             dx_why.append("dx: pass 2 folds rstd, mean, scale and the row means into three factors per column "
-                          "where they are constant along the rows (dx = A*dy - C - (x - mean)*B)")
+                          "where they are constant along the rows (dx = A*dy - C - ((x - mean)*S)*|S|)")
         if REVERSE_REREAD and dx.splits > 1 and not dx.sums_only:
             dx = replace(dx, reverse=True)
             dx_why.append("dx: the finish kernel re-reads x and dy in reverse (work items and slices last-first), "

@@ -324,13 +324,41 @@ def test_unsplit_dx_reread_direction(spec, shape, perm, dtype, reverse, monkeypa
     ("n c h w : rms over h w ; scale c", (2, 5, 3, 7), "float32", None),
 ], ids=["batch-f16", "instance-split", "rms"])
 def test_outer_dx_folded_factors(spec, shape, dtype, schedule, fold, monkeypatch):
-    # FOLD_DX: pass 2 of an outer dx writes dx = A*dy - C - (x - mean)*B from per-column factors; either way
+    # FOLD_DX: pass 2 of an outer dx writes dx = A*dy - C - ((x - mean)*S)*|S| from per-column factors; either way
     # the gradients match the float64 reference (run_bwd)
     monkeypatch.setattr("normc.backward_plan.FOLD_DX", fold)
     _, plan = run_bwd(spec, make_x(shape, dtype, perm=NHWC), schedule=schedule)
     assert plan.dx.strategy == "outer" and plan.dx.fold == fold
     src = "".join(k.source for k in generate_backward(plan))
     assert bool(re.search(r"\bfb\d+ = ", src)) == fold  # the per-column factor B
+
+
+@pytest.mark.parametrize("spec,shape,perm,dtype,std,eps", [
+    # bfloat16 (statistics scaled, accurate up to its maximum): rstd ~1e-26, so rstd^2 underflows
+    (IN2, (2, 6, 5, 3), NHWC, "bfloat16", 1e26, 1e-5),
+    ("n c h w : rms over h w ; scale c", (2, 5, 3, 7), NHWC, "bfloat16", 1e26, 1e-6),  # the rms fold: x*S*|S|
+    # float32, eps = 0, a (subnormal) variance ~1e-39: rstd ~3e19, so rstd^2 overflows
+    ("n c l : norm over l ; scale c ; shift c", (2, 6, 9), [0, 2, 1], "float32", 3e-20, 0.0),
+], ids=["instance-huge-bf16", "rms-huge-bf16", "eps0-tiny-f32"])
+def test_outer_dx_folded_factors_keep_range(spec, shape, perm, dtype, std, eps):
+    # the folded factor rstd^2 * mean(g*xhat) under- or overflows float32 at these spreads although dx is
+    # finite (it did, 2026-12-07: dx lost its xhat term, or was inf); S*|S| does not. The error is measured
+    # against max|ref dx| itself (conftest's rel_err floors that at 1, and dx is ~1e-26 in the first rows)
+    sp = normc.spec(spec, eps=eps)
+    rng = np.random.default_rng(5)
+    x = make_x(shape, dtype, perm=perm, std=std, rng=rng)
+    dy = make_x(shape, dtype, perm=perm, rng=rng)
+    sizes = sp.axis_sizes(shape)
+    sc = make_param(math.prod(sizes[a] for a in sp.scale), dtype, rng, 1.0, 0.5)
+    sh = None if sp.shift is None else make_param(math.prod(sizes[a] for a in sp.shift), dtype, rng)
+    f = normc.compile(sp)
+    _, mean, rstd = f(x, sc, sh, return_stats=True)
+    dx, _, _ = f.backward(dy, x, mean, rstd, sc)
+    assert next(iter(f._normc_backward.values())).plan.dx.fold
+    rdx = reference_backward(sp, x, dy, sc)[0]
+    assert np.all(np.isfinite(dx.astype(np.float64)))
+    err = np.max(np.abs(dx.astype(np.float64) - rdx)) / np.max(np.abs(rdx))
+    assert err <= GRAD_TOL[dtype], err
 
 
 @pytest.mark.parametrize("spec,shape,perm,dtype,schedule,strategy,splits", [
