@@ -24,7 +24,9 @@ class SpecError(NormcError, ValueError):
         self.pos = pos
         if text is not None and pos is not None:
             pos = max(0, min(pos, len(text)))
-            full = f"{message}\n  {text}\n  {' ' * pos}^"
+            # on one line, each whitespace character (newline, tab) as one space, so the caret lines up
+            shown = "".join(" " if c.isspace() else c for c in text)
+            full = f"{message}\n  {shown}\n  {' ' * pos}^"
         elif text is not None:
             full = f"{message} (in spec {text!r})"
         else:

@@ -211,6 +211,9 @@ class _Parser:
                     tok = self.peek()
                     if tok.kind == "name":
                         self.check_name(tok, part_pos, "axis")
+                        if tok.value == "eps":  # its size would be the keyword eps=, which is the epsilon
+                            self.fail("'eps' cannot name a part of a split dim: a part is sized by a keyword of "
+                                      "its name, and eps= is the epsilon; rename the part", tok.pos)
                         parts.append(tok.value)
                         self.advance()
                     elif tok.kind == ")":
@@ -314,10 +317,12 @@ def _check_sizes(parsed: _Parsed, sizes, text: str) -> tuple:
 
 
 _FLOAT32_TINIEST = float(np.finfo(np.float32).smallest_subnormal)  # 1.4e-45
-_FLOAT32_MAX = float(np.finfo(np.float32).max)  # 3.4e38
-# the least float64 that rounds to inf in float32: halfway between its largest value and 2**128 (round to even
-# goes up: the largest value's significand is odd)
-_FLOAT32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
+# The largest eps: the kernels form variance + eps (rms: mean square + eps) in float32, and a finite variance
+# (at most float32's largest value, 2**128 - 2**104) plus an eps below 2**103 (about 1.01e31) cannot round to
+# inf (the sum stays under the halfway point 2**128 - 2**103). A larger eps, up to float32's largest value, was
+# accepted before 2026-12-07: a variance near 1e38 plus eps = 3e38 overflowed, so rstd was 0 and y NaN (norm)
+# or 0 (rms) where float64 gives finite values (a break test). 1e30 is a round bound below 2**103.
+EPS_MAX = 1e30
 
 
 def _check_eps(eps) -> float:
@@ -333,9 +338,9 @@ def _check_eps(eps) -> float:
     if 0 < value <= _FLOAT32_TINIEST / 2:  # rounds to 0 (half of the tiniest: to even, 0)
         raise SpecError(f"eps {eps!r} rounds to 0 in float32; use 0 or at least {_FLOAT32_TINIEST:.2g}")
     # plain float arithmetic, no numpy: torch.compile traces this (normc.torch modules build specs in forward)
-    if value >= _FLOAT32_OVERFLOW:  # past float32's largest value (rounding included): eps would be inf
-        raise SpecError(f"eps {eps!r} is not finite in float32 (the kernels add it in float32); expected at "
-                        f"most {_FLOAT32_MAX:.8g}")
+    if value > EPS_MAX:
+        raise SpecError(f"eps {eps!r} is too large: expected at most {EPS_MAX:g} (the kernels add eps to the "
+                        f"variance in float32, where a larger eps can overflow to inf)")
     return value
 
 
@@ -389,7 +394,7 @@ class Spec:
         reduced: the reduction axes, in :attr:`axes` order (non-empty; may be every axis).
         scale: the axes the scale parameter is indexed by, in :attr:`axes` order, or ``None`` (no scale).
         shift: the axes the shift parameter is indexed by, in :attr:`axes` order, or ``None`` (no shift).
-        eps: the epsilon added to the variance / mean square (>= 0 and finite in float32, at most 3.4e38; a
+        eps: the epsilon added to the variance / mean square (>= 0, at most 1e30 (:data:`EPS_MAX`); a
             positive eps must not round to 0 in float32).
         sizes: keyword sizes of split-dim parts as ``(name, size)`` pairs sorted by name.
 
@@ -513,10 +518,11 @@ def spec(text, /, *, eps: float = 1e-5, **sizes: int) -> Spec:
     Args:
         text: the spec, e.g. ``'n (g k) h w : norm over k h w ; scale g k ; shift g k'`` (grammar in the
             module docstring).
-        eps: epsilon added to the variance (``norm``) or mean square (``rms``); >= 0 and finite in float32 (at
-            most 3.4e38); a positive eps must not round to 0 in float32 (above 7.0e-46).
+        eps: epsilon added to the variance (``norm``) or mean square (``rms``); >= 0 and at most 1e30
+            (:data:`EPS_MAX`: the sum is formed in float32); a positive eps must not round to 0 in float32 (above
+            7.0e-46).
         **sizes: the extent of parts of split dims, e.g. ``g=32``; every split dim needs all but at most
-            one of its parts given. (A part named ``eps`` cannot be sized this way; use ``Spec(...)``.)
+            one of its parts given. (A part cannot be named ``eps``.)
 
     Returns:
         The validated, canonical :class:`Spec`.
