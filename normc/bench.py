@@ -1057,7 +1057,7 @@ def load_result(path, kind="forward") -> dict:
 
     Raises:
         normc.ArgumentError: the file cannot be read, is not JSON, or does not hold a ``kind`` run (an object of
-            meta, rows and summary, meta's kind ``kind``).
+            meta, rows and summary, meta's kind ``kind``, meta's bandwidth a number > 0).
     """
     from .errors import ArgumentError
 
@@ -1075,6 +1075,11 @@ def load_result(path, kind="forward") -> dict:
     if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows)
             and isinstance(result.get("summary"), dict)):
         raise ArgumentError(f"{path}: expected rows (a list of objects) and a summary, as normc bench writes them")
+    bw = meta.get("bandwidth")  # every floor divides by it: a bad one is named here, not as a row's TypeError
+    if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
+        what = ("no field 'bandwidth'" if "bandwidth" not in meta
+                else f"meta's bandwidth is {bw!r}; expected bytes per second > 0")
+        raise ArgumentError(f"{path}: not a {kind} run as normc bench writes it ({what})")
     return result
 
 
@@ -1136,9 +1141,7 @@ def _resumable(path, kind) -> dict:
     """
     prev = load_result(path, kind)
     try:
-        bw, sessions = prev["meta"]["bandwidth"], prev["meta"].get("sessions", [])
-        if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
-            raise ValueError(f"meta's bandwidth is {bw!r}; expected bytes per second > 0")
+        sessions = prev["meta"].get("sessions", [])  # (the bandwidth is checked by load_result)
         if not isinstance(sessions, list):
             raise TypeError(f"meta's sessions is {sessions!r}; expected a list")
         for r in prev["rows"]:
