@@ -320,8 +320,8 @@ _FLOAT32_TINIEST = float(np.finfo(np.float32).smallest_subnormal)  # 1.4e-45
 # The largest eps: the kernels form variance + eps (rms: mean square + eps) in float32, and a finite variance
 # (at most float32's largest value, 2**128 - 2**104) plus an eps below 2**103 (about 1.01e31) cannot round to
 # inf (the sum stays under the halfway point 2**128 - 2**103). A larger eps, up to float32's largest value, was
-# accepted before 2026-12-07: a variance near 1e38 plus eps = 3e38 overflowed, so rstd was 0 and y NaN (norm)
-# or 0 (rms) where float64 gives finite values (a break test). 1e30 is a round bound below 2**103.
+# accepted before 2026-12-07: a float32 variance of 1.44e38 plus eps = 3e38 overflowed, so rstd was 0 and y was
+# 0 (norm and rms) where float64 gives +-0.57 (a break test). 1e30 is a round bound below 2**103.
 EPS_MAX = 1e30
 
 
