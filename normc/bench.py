@@ -1075,12 +1075,28 @@ def load_result(path, kind="forward") -> dict:
     if not (isinstance(rows, list) and all(isinstance(r, dict) for r in rows)
             and isinstance(result.get("summary"), dict)):
         raise ArgumentError(f"{path}: expected rows (a list of objects) and a summary, as normc bench writes them")
-    bw = meta.get("bandwidth")  # every floor divides by it: a bad one is named here, not as a row's TypeError
-    if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
-        what = ("no field 'bandwidth'" if "bandwidth" not in meta
-                else f"meta's bandwidth is {bw!r}; expected bytes per second > 0")
-        raise ArgumentError(f"{path}: not a {kind} run as normc bench writes it ({what})")
+    # the bandwidths divide every floor and the header: a bad one is named here, not as a row's TypeError
+    sessions = meta.get("sessions", [])
+    checks = [("meta's bandwidth", meta, "bandwidth")] + [
+        (f"meta's sessions[{i}] bandwidth_measured", x, "bandwidth_measured")
+        for i, x in enumerate(sessions if isinstance(sessions, list) else []) if isinstance(x, dict)]
+    for name, holder, field in checks:
+        if field not in holder:
+            raise ArgumentError(f"{path}: not a {kind} run as normc bench writes it (no field {field!r})")
+        if not _positive_finite(holder[field]):
+            raise ArgumentError(f"{path}: not a {kind} run as normc bench writes it ({name} is "
+                                f"{holder[field]!r}; expected bytes per second, finite and > 0)")
     return result
+
+
+def _positive_finite(v) -> bool:
+    """Whether ``v`` is an int or float (not a bool), finite as a float, and > 0."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(v)) and v > 0
+    except OverflowError:  # an int past float's range
+        return False
 
 
 def render(out_dir, kind="forward") -> tuple:
@@ -1109,7 +1125,12 @@ def render(out_dir, kind="forward") -> tuple:
 
 def _failing_row(result):
     """The ``row`` value (else list position) of the first row of ``result`` that :func:`markdown` fails on
-    alone, or None (for the error message of a malformed recorded run)."""
+    alone, ``"meta"`` when it fails with no rows at all, or None (for the error message of a malformed recorded
+    run)."""
+    try:
+        markdown({**result, "rows": []})
+    except _MALFORMED:
+        return "meta"
     for i, r in enumerate(result["rows"]):
         try:
             markdown({**result, "rows": [r]})
@@ -1128,7 +1149,7 @@ def _malformed(path, kind, e, row=None):
     from .errors import ArgumentError
 
     what = f"no field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
-    where = "" if row is None else f" row {row!r}:"
+    where = "" if row is None else " meta:" if row == "meta" else f" row {row!r}:"
     return ArgumentError(f"{path}:{where} not a {kind} run as normc bench writes it ({what})")
 
 

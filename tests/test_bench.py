@@ -132,7 +132,19 @@ def test_cli_bench_bad_table_is_a_clear_error(tmp_path, capsys, text, msg):
      "not a {kind} run as normc bench writes it (no field 'device')"),
     # was "row 0: ... (TypeError: ...)" (a break test, 2026-12-07): the field is named
     (lambda res: json.dumps({**res, "meta": {**res["meta"], "bandwidth": "fast"}}),
-     "not a {kind} run as normc bench writes it (meta's bandwidth is 'fast'; expected bytes per second > 0)"),
+     "not a {kind} run as normc bench writes it (meta's bandwidth is 'fast'; expected bytes per second, finite"),
+    # a second review: inf passed the check (every floor 0 us), a 400-digit int crashed the float conversion,
+    # and a session's bandwidth or a missing date was blamed on row 0
+    (lambda res: json.dumps({**res, "meta": {**res["meta"], "bandwidth": float("inf")}}),
+     "(meta's bandwidth is inf; expected bytes per second, finite and > 0)"),
+    (lambda res: json.dumps({**res, "meta": {**res["meta"], "bandwidth": 10 ** 400}}),
+     "expected bytes per second, finite and > 0)"),
+    (lambda res: json.dumps({**res, "meta": {**res["meta"], "sessions": [
+        {"started": "a", "rows_before": 0, "bandwidth_measured": 4e12},
+        {"started": "b", "rows_before": 1, "bandwidth_measured": "fast"}]}}),
+     "(meta's sessions[1] bandwidth_measured is 'fast';"),
+    (lambda res: json.dumps({**res, "meta": {k: v for k, v in res["meta"].items() if k != "date"}}),
+     "json: meta: not a {kind} run as normc bench writes it (no field 'date')"),
 ])
 def test_cli_render_malformed_json_is_a_clear_error(tmp_path, capsys, backward, damage, msg):
     res = _fake_backward_result() if backward else _fake_result()
