@@ -275,7 +275,9 @@ class _Red(_Emitter):
         its finish kernel fits the 64 registers of 4 CTAs per SM only so. ``S*|S|`` is ``rs*rs*c2``, but that
         product itself under- or overflows float32 where rstd is below about 1e-19 or above about 1e19 (x's
         spread above 1e19, or eps = 0 and a spread below 1e-19) while dx is finite; ``(x - mu)*S`` is about
-        ``xhat*sqrt|c2|`` in magnitude, so every intermediate stays in range. Returns
+        ``xhat*sqrt|c2|`` in magnitude, so the xhat term stays in range. ``A`` and ``C`` do overflow where
+        ``|rs*sc|`` or ``|rs*c1|`` exceeds 3.4e38 (dx ±inf where the unfolded order is finite), as the forward's
+        ``a = rstd*scale`` does (docs/accuracy.md). Returns
         ``[(A, S, C or None, mu or None)]`` names per element, or None when a factor varies along the rows."""
         if "rs" not in self.h or (self.use_scale and "sc" not in self.h):
             return None

@@ -24,8 +24,9 @@ class SpecError(NormcError, ValueError):
         self.pos = pos
         if text is not None and pos is not None:
             pos = max(0, min(pos, len(text)))
-            # on one line, each whitespace character (newline, tab) as one space, so the caret lines up
-            shown = "".join(" " if c.isspace() else c for c in text)
+            # on one line, so the caret lines up: each whitespace character the grammar takes (newline, tab, ...)
+            # as one space, any other unprintable one (a no-break space, an escape) as '?'
+            shown = "".join(" " if c in " \t\n\r\f\v" else c if c.isprintable() else "?" for c in text)
             full = f"{message}\n  {shown}\n  {' ' * pos}^"
         elif text is not None:
             full = f"{message} (in spec {text!r})"

@@ -323,6 +323,7 @@ _FLOAT32_TINIEST = float(np.finfo(np.float32).smallest_subnormal)  # 1.4e-45
 # accepted before 2026-12-07: a float32 variance of 1.44e38 plus eps = 3e38 overflowed, so rstd was 0 and y was
 # 0 (norm and rms) where float64 gives +-0.57 (a break test). 1e30 is a round bound below 2**103.
 EPS_MAX = 1e30
+_EPS_MAX_F32 = float(np.float32(EPS_MAX))  # 1.0000000150e30: what the kernels add for eps = 1e30, also allowed
 
 
 def _check_eps(eps) -> float:
@@ -338,7 +339,7 @@ def _check_eps(eps) -> float:
     if 0 < value <= _FLOAT32_TINIEST / 2:  # rounds to 0 (half of the tiniest: to even, 0)
         raise SpecError(f"eps {eps!r} rounds to 0 in float32; use 0 or at least {_FLOAT32_TINIEST:.2g}")
     # plain float arithmetic, no numpy: torch.compile traces this (normc.torch modules build specs in forward)
-    if value > EPS_MAX:
+    if value > _EPS_MAX_F32:  # compared as float32, the kernels' eps: np.float32(1e30) is 1e30 there
         raise SpecError(f"eps {eps!r} is too large: expected at most {EPS_MAX:g} (the kernels add eps to the "
                         f"variance in float32, where a larger eps can overflow to inf)")
     return value
@@ -401,7 +402,7 @@ class Spec:
     Raises:
         SpecError: any field is invalid (unknown or repeated axes, a keyword as an axis name, a split dim
             with fewer than 2 parts or with 2+ parts lacking a size, a size that is not a positive int or
-            names no part of a split, a bad eps (one that rounds to 0 or to inf in float32 too), ...).
+            names no part of a split, a bad eps (one that rounds to 0 in float32 or is above 1e30 too), ...).
     """
 
     dims: tuple

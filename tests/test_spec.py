@@ -534,3 +534,21 @@ def test_caret_lines_up_under_whitespace_of_any_kind(text):
         spec(text)
     shown, caret = str(e.value).splitlines()[-2:]
     assert shown[caret.index("^"):].startswith("ovr")
+
+
+def test_eps_bound_is_compared_in_float32():
+    """np.float32(1e30) is 1.0000000150e30 as a float and was refused as 'above 1e+30' (a second review,
+    2026-12-07); the kernels add eps in float32, where it is 1e30. The next float32 up is refused."""
+    assert spec("t d : norm over d", eps=np.float32(1e30)).eps == float(np.float32(1e30))
+    with pytest.raises(SpecError, match="too large"):
+        spec("t d : norm over d", eps=np.nextafter(np.float32(1e30), np.float32(np.inf)))
+
+
+@pytest.mark.parametrize("ch", ["\xa0", "\u2003", "\x1b", "\x00"])
+def test_caret_marks_a_character_the_grammar_refuses(ch):
+    """A no-break space was shown as a space over the caret, an escape raw (a second review): unprintable
+    characters show as '?', one column each, under the caret."""
+    with pytest.raises(SpecError) as e:
+        spec(f"n c{ch}h w : norm over h w")
+    shown, caret = str(e.value).splitlines()[-2:]
+    assert shown[caret.index("^")] == "?" and ch not in str(e.value).splitlines()[-2]
