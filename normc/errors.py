@@ -24,9 +24,11 @@ class SpecError(NormcError, ValueError):
         self.pos = pos
         if text is not None and pos is not None:
             pos = max(0, min(pos, len(text)))
+            from .spec import _SPACE  # (here, not at the top: normc.spec imports this module)
+
             # on one line, so the caret lines up: each whitespace character the grammar takes (newline, tab, ...)
             # as one space, any other unprintable one (a no-break space, an escape) as '?'
-            shown = "".join(" " if c in " \t\n\r\f\v" else c if c.isprintable() else "?" for c in text)
+            shown = "".join(" " if c in _SPACE else c if c.isprintable() else "?" for c in text)
             full = f"{message}\n  {shown}\n  {' ' * pos}^"
         elif text is not None:
             full = f"{message} (in spec {text!r})"
